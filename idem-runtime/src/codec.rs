@@ -1,0 +1,240 @@
+//! What a completed record stores, and how it is read back.
+//!
+//! Stored bytes are an envelope: `b'i'`, a layout version, a tag (ok, err, or a bare
+//! marker when nothing is replayed), a CRC-32 of the payload, then the payload as JSON.
+//! The checksum means bytes damaged or overwritten in the store are reported as
+//! [`Error::Corrupt`] and never replayed as if they were a result. JSON keeps records
+//! readable and tolerant of added optional fields across deployments.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{Error, Key};
+
+const MAGIC: u8 = b'i';
+const VERSION: u8 = 1;
+const HEADER: usize = 7;
+
+const TAG_OK: u8 = 0;
+const TAG_ERR: u8 = 1;
+const TAG_MARK_OK: u8 = 2;
+const TAG_MARK_ERR: u8 = 3;
+
+/// Chooses what a completed call stores and what a duplicate gets back.
+///
+/// Four implementations cover the attribute's options; the macro picks one, the direct API
+/// names it:
+///
+/// | codec | stores | `Err` result | bounds |
+/// |---|---|---|---|
+/// | [`ReplayOk`] | the `Ok` value | releases the key | `T: Serialize + DeserializeOwned` |
+/// | [`ReplayResult`] | `Ok` or `Err` | stored too (`cache_err`) | `T`, `E` both |
+/// | [`NoReplay`] | a marker | releases the key | none |
+/// | [`NoReplayResult`] | a marker | stored too | none |
+pub trait Codec<T, E> {
+    /// The bytes to store for `result`, or `None` to release the key instead.
+    fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error>;
+
+    /// The result stored in `bytes`. A record that holds no value (a marker) gives
+    /// `Err(Error::Duplicate)`.
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error>;
+}
+
+/// Replays `Ok` values; an `Err` releases the key so a retry runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayOk;
+/// Replays both `Ok` and `Err` (`cache_err = true`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayResult;
+/// Stores only that the call completed (`on_duplicate = "reject"`); an `Err` releases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReplay;
+/// Stores only that the call ended, `Ok` or `Err` (reject with `cache_err = true`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReplayResult;
+
+impl<T: Serialize + DeserializeOwned, E> Codec<T, E> for ReplayOk {
+    fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error> {
+        match result {
+            Ok(v) => seal(key, TAG_OK, v).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
+        let (tag, payload) = open(key, bytes)?;
+        match tag {
+            TAG_OK => Ok(Ok(from_json(key, payload)?)),
+            TAG_MARK_OK | TAG_MARK_ERR => Err(Error::Duplicate { key: key.clone() }),
+            _ => Err(Error::Codec {
+                key: key.clone(),
+                message: "the record holds an error result, which this function does not \
+                          replay (was cache_err removed?)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned, E: Serialize + DeserializeOwned> Codec<T, E> for ReplayResult {
+    fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error> {
+        match result {
+            Ok(v) => seal(key, TAG_OK, v).map(Some),
+            Err(e) => seal(key, TAG_ERR, e).map(Some),
+        }
+    }
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
+        let (tag, payload) = open(key, bytes)?;
+        match tag {
+            TAG_OK => Ok(Ok(from_json(key, payload)?)),
+            TAG_ERR => Ok(Err(from_json(key, payload)?)),
+            _ => Err(Error::Duplicate { key: key.clone() }),
+        }
+    }
+}
+
+impl<T, E> Codec<T, E> for NoReplay {
+    fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error> {
+        match result {
+            Ok(_) => Ok(Some(marker(key, TAG_MARK_OK))),
+            Err(_) => Ok(None),
+        }
+    }
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
+        open(key, bytes)?;
+        Err(Error::Duplicate { key: key.clone() })
+    }
+}
+
+impl<T, E> Codec<T, E> for NoReplayResult {
+    fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error> {
+        let tag = if result.is_ok() {
+            TAG_MARK_OK
+        } else {
+            TAG_MARK_ERR
+        };
+        Ok(Some(marker(key, tag)))
+    }
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
+        open(key, bytes)?;
+        Err(Error::Duplicate { key: key.clone() })
+    }
+}
+
+fn seal<V: Serialize + ?Sized>(key: &Key, tag: u8, value: &V) -> Result<Bytes, Error> {
+    let mut buf = BytesMut::with_capacity(64).writer();
+    buf.get_mut().put_slice(&[MAGIC, VERSION, tag, 0, 0, 0, 0]);
+    serde_json::to_writer(&mut buf, value).map_err(|e| Error::Codec {
+        key: key.clone(),
+        message: e.to_string(),
+    })?;
+    let mut buf = buf.into_inner();
+    let crc = crc32fast::hash(&buf[HEADER..]);
+    buf[3..HEADER].copy_from_slice(&crc.to_le_bytes());
+    Ok(buf.freeze())
+}
+
+fn marker(key: &Key, tag: u8) -> Bytes {
+    // Infallible: a unit serializes to `null`.
+    seal(key, tag, &()).unwrap_or_else(|_| Bytes::from_static(&[]))
+}
+
+/// Checks the envelope and returns its tag and payload.
+pub(crate) fn open<'b>(key: &Key, bytes: &'b [u8]) -> Result<(u8, &'b [u8]), Error> {
+    let corrupt = |reason: &str| Error::Corrupt {
+        key: key.clone(),
+        reason: reason.to_owned(),
+    };
+    if bytes.len() < HEADER || bytes[0] != MAGIC {
+        return Err(corrupt("not an idem record"));
+    }
+    if bytes[1] != VERSION {
+        return Err(corrupt("unknown record layout version"));
+    }
+    let tag = bytes[2];
+    if tag > TAG_MARK_ERR {
+        return Err(corrupt("unknown result tag"));
+    }
+    let stored = u32::from_le_bytes([bytes[3], bytes[4], bytes[5], bytes[6]]);
+    let payload = &bytes[HEADER..];
+    if crc32fast::hash(payload) != stored {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok((tag, payload))
+}
+
+fn from_json<V: DeserializeOwned>(key: &Key, payload: &[u8]) -> Result<V, Error> {
+    serde_json::from_slice(payload).map_err(|e| Error::Codec {
+        key: key.clone(),
+        message: format!("stored value does not fit the function's type: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key() -> Key {
+        Key::from_str(&Arc::from("t"), "f", "k")
+    }
+
+    #[test]
+    fn round_trips_ok_and_err() {
+        let k = key();
+        let b = <ReplayResult as Codec<u32, String>>::encode(&k, &Ok(7)).unwrap().unwrap();
+        assert_eq!(<ReplayResult as Codec<u32, String>>::decode(&k, &b).unwrap(), Ok(7));
+        let b = <ReplayResult as Codec<u32, String>>::encode(&k, &Err("no".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            <ReplayResult as Codec<u32, String>>::decode(&k, &b).unwrap(),
+            Err("no".to_string())
+        );
+        assert!(<ReplayOk as Codec<u32, ()>>::encode(&k, &Err(())).unwrap().is_none());
+    }
+
+    #[test]
+    fn any_flipped_bit_is_corrupt_never_a_value() {
+        let k = key();
+        let good = <ReplayOk as Codec<u64, ()>>::encode(&k, &Ok(123_456)).unwrap().unwrap();
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.to_vec();
+                bad[i] ^= 1 << bit;
+                let r = <ReplayOk as Codec<u64, ()>>::decode(&k, &bad);
+                assert!(
+                    matches!(r, Err(Error::Corrupt { .. })),
+                    "byte {i} bit {bit}: {r:?}"
+                );
+            }
+        }
+        for garbage in [&b""[..], b"OK", b"\xff\xfe\x00garbage", b"i\x01\x00\x00\x00\x00\x00"] {
+            assert!(<ReplayOk as Codec<u64, ()>>::decode(&k, garbage).is_err());
+        }
+    }
+
+    #[test]
+    fn markers_reject() {
+        let k = key();
+        let b = <NoReplay as Codec<(), ()>>::encode(&k, &Ok(())).unwrap().unwrap();
+        assert!(matches!(
+            <NoReplay as Codec<(), ()>>::decode(&k, &b),
+            Err(Error::Duplicate { .. })
+        ));
+        assert!(matches!(
+            <ReplayOk as Codec<u8, ()>>::decode(&k, &b),
+            Err(Error::Duplicate { .. })
+        ));
+    }
+
+    #[test]
+    fn type_change_is_a_codec_error() {
+        let k = key();
+        let b = <ReplayOk as Codec<String, ()>>::encode(&k, &Ok("x".into())).unwrap().unwrap();
+        assert!(matches!(
+            <ReplayOk as Codec<u64, ()>>::decode(&k, &b),
+            Err(Error::Codec { .. })
+        ));
+    }
+}

@@ -1,0 +1,82 @@
+//! Make async functions idempotent with one attribute.
+//!
+//! ```
+//! use idem_runtime::idempotent;
+//! # #[derive(Debug)] struct ShopError(idem_runtime::Error);
+//! # impl From<idem_runtime::Error> for ShopError { fn from(e: idem_runtime::Error) -> Self { ShopError(e) } }
+//! # struct Order { id: u64 }
+//! # #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)] struct Receipt { cents: u64 }
+//!
+//! #[idempotent(key = "charge:{order.id}", ttl = "24h")]
+//! async fn charge(order: &Order, cents: u64) -> Result<Receipt, ShopError> {
+//!     // talk to the payment gateway: runs once per order id
+//!     Ok(Receipt { cents })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ShopError> {
+//! let order = Order { id: 42 };
+//! let first = charge(&order, 100).await?;
+//! let retry = charge(&order, 100).await?; // replayed, not charged again
+//! assert_eq!(first, retry);
+//! # Ok(()) }
+//! ```
+//!
+//! Called once or a thousand times, concurrently or as retries, from one process or
+//! many (with a shared store), the body runs once per key and every caller gets the
+//! same answer. See the README for the attribute's options, the strategies
+//! (`dedup`, `lock`, `token`) and the stores.
+//!
+//! # Pieces
+//!
+//! - [`idempotent`]: the attribute.
+//! - [`Idem`]: the runtime (a [`Store`] and a namespace), with a direct API for each
+//!   strategy: [`Idem::dedup`], [`Idem::lock`], [`Idem::issue_token`],
+//!   [`Idem::consume_token`].
+//! - [`Store`]: the one trait a backend implements; [`MemoryStore`] is built in.
+//! - [`Error`]: every failure, naming the key's digest, never the key.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod codec;
+mod error;
+mod key;
+mod options;
+mod runtime;
+pub mod store;
+mod strategy;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
+
+pub use codec::{Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
+pub use error::{BoxError, Error};
+pub use idem_macros::idempotent;
+pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE};
+pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
+pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
+pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::redis::RedisStore;
+pub use store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+pub use strategy::lock::fence;
+
+/// What the `#[idempotent]` expansion refers to. Not a public API: it may change in any
+/// release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::codec::{NoReplay, NoReplayResult, ReplayOk, ReplayResult};
+    pub use crate::key::FingerprintBuilder;
+    pub use crate::options::{OnDuplicate, Options};
+    pub use crate::runtime::current;
+    pub use crate::runtime::private::{dedup, lock, token};
+    pub use std::time::Duration;
+
+    /// Compile-time check that a replayed `Ok` type can be stored.
+    pub fn assert_replayable<T: serde::Serialize + serde::de::DeserializeOwned>() {}
+
+    /// Compile-time check that the function's error type can carry idem's errors.
+    pub fn assert_error<E: From<crate::Error>>() {}
+}

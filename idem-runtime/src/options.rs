@@ -1,0 +1,148 @@
+//! Per-function options: what `#[idempotent(...)]` compiles to, and what the direct API takes.
+
+use std::time::Duration;
+
+/// Which strategy a function uses (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Run once per key; later calls replay (or reject) the stored result.
+    Dedup,
+    /// Mutual exclusion per key with a fencing token; nothing is stored.
+    Lock,
+    /// The key is a one-time token from `issue_token`; it can be consumed once.
+    Token,
+}
+
+/// What a call gets when its key already completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnDuplicate {
+    /// Return the stored result.
+    Replay,
+    /// Return [`Error::Duplicate`](crate::Error::Duplicate).
+    Reject,
+}
+
+/// The options of one idempotent function.
+///
+/// Built in `const` context, so the macro emits them as a `static`; the direct API takes
+/// them the same way:
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::Options;
+///
+/// static CHARGE: Options = Options::dedup("shop::charge")
+///     .ttl(Duration::from_secs(24 * 3600))
+///     .wait(Duration::from_secs(5));
+/// assert_eq!(CHARGE.wait_for(), Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub(crate) name: &'static str,
+    pub(crate) strategy: Strategy,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) on_duplicate: OnDuplicate,
+}
+
+/// Default time a completed record (or an issued token) is kept.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default in-progress lease; renewed while the body runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default time a duplicate waits for its in-flight twin (or for the lock).
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+impl Options {
+    const fn new(name: &'static str, strategy: Strategy, on_duplicate: OnDuplicate) -> Self {
+        Options {
+            name,
+            strategy,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            wait: DEFAULT_WAIT,
+            on_duplicate,
+        }
+    }
+
+    /// Dedup options for the function (or operation) called `name`. `name` is part of
+    /// every key, so two operations never share records.
+    pub const fn dedup(name: &'static str) -> Self {
+        Self::new(name, Strategy::Dedup, OnDuplicate::Replay)
+    }
+
+    /// Lock options for `name`.
+    pub const fn lock(name: &'static str) -> Self {
+        Self::new(name, Strategy::Lock, OnDuplicate::Reject)
+    }
+
+    /// Token options; `name` is only used in logs, since a token is valid for every
+    /// token-strategy function of its namespace.
+    pub const fn token(name: &'static str) -> Self {
+        Self::new(name, Strategy::Token, OnDuplicate::Reject)
+    }
+
+    /// How long a completed record is kept (dedup, token).
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The in-progress lease. Renewed every third of it while the body runs, so it only
+    /// decides how soon a crashed holder's key is taken over. Zero is treated as 1 ms.
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = if lease.is_zero() {
+            Duration::from_millis(1)
+        } else {
+            lease
+        };
+        self
+    }
+
+    /// How long a duplicate waits for its twin (dedup, token) or for the lock; zero fails
+    /// at once.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Replay or reject a completed key.
+    pub const fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
+        self
+    }
+
+    /// The operation's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+    /// The strategy.
+    pub const fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+    /// The completed-record ttl.
+    pub const fn ttl_for(&self) -> Duration {
+        self.ttl
+    }
+    /// The lease.
+    pub const fn lease_for(&self) -> Duration {
+        self.lease
+    }
+    /// The wait.
+    pub const fn wait_for(&self) -> Duration {
+        self.wait
+    }
+    /// The duplicate policy.
+    pub const fn duplicate_policy(&self) -> OnDuplicate {
+        self.on_duplicate
+    }
+
+    /// The key scope: the name, or the shared token scope.
+    pub(crate) fn scope(&self) -> &'static str {
+        match self.strategy {
+            Strategy::Token => crate::key::TOKEN_SCOPE,
+            _ => self.name,
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The runtime handle: a store, a namespace, and the entry points of every strategy.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::codec::{Codec, ReplayOk};
+use crate::options::Strategy;
+use crate::store::memory::MemoryStore;
+use crate::store::{ClaimKind, Store};
+use crate::strategy::{dedup, lock, token};
+use crate::{Error, Fingerprint, Key, Options};
+
+/// An idem runtime: a [`Store`] and a namespace. Cheap to clone (one `Arc`).
+///
+/// Functions under `#[idempotent]` use the *current* runtime: the one of an enclosing
+/// [`Idem::scope`], else the one given to [`init`], else a process-wide default on a
+/// [`MemoryStore`] (with a one-time warning), so that zero configuration still works.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// use idem_runtime::{Idem, MemoryStore, Options};
+///
+/// let idem = Idem::builder().store(MemoryStore::new()).namespace("shop").build();
+/// static CHARGE: Options = Options::dedup("shop::charge");
+/// let first: u64 = idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(100) }).await?;
+/// let again: u64 = idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(999) }).await?;
+/// assert_eq!((first, again), (100, 100)); // the second body never ran
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    namespace: Arc<str>,
+    lease_lost: AtomicU64,
+    store_failures: AtomicU64,
+}
+
+impl fmt::Debug for Idem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idem")
+            .field("store", &self.inner.store.name())
+            .field("namespace", &self.inner.namespace)
+            .finish()
+    }
+}
+
+/// Builds an [`Idem`]; see [`Idem::builder`].
+#[derive(Default)]
+#[must_use]
+pub struct Builder {
+    store: Option<Arc<dyn Store>>,
+    namespace: Option<String>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("store", &self.store.as_ref().map(|s| s.name()))
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+/// The namespace used when none is given.
+pub const DEFAULT_NAMESPACE: &str = "idem";
+
+impl Builder {
+    /// The store to keep records in (default: a new [`MemoryStore`]).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store already shared as a trait object.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The namespace: part of every key, so services (or environments) sharing one
+    /// store never see each other's records. Default: `"idem"`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The runtime.
+    pub fn build(self) -> Idem {
+        Idem {
+            inner: Arc::new(Inner {
+                store: self
+                    .store
+                    .unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                namespace: Arc::from(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
+                lease_lost: AtomicU64::new(0),
+                store_failures: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// Counters of rare events a service should alert on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Calls whose claim was lost while the body ran (their result was returned but not
+    /// recorded; another owner may have run too). Non-zero means leases are too short
+    /// for the bodies' pauses.
+    pub lease_lost: u64,
+    /// Calls whose body ran but whose result could not be recorded (store down).
+    pub store_failures: u64,
+}
+
+tokio::task_local! {
+    static SCOPED: Idem;
+}
+
+static GLOBAL: OnceLock<Idem> = OnceLock::new();
+static FALLBACK: OnceLock<Idem> = OnceLock::new();
+
+/// Sets the process-wide runtime. Call once at start-up; a second call is
+/// [`Error::AlreadyInitialized`].
+///
+/// ```
+/// let idem = idem_runtime::Idem::builder().namespace("shop").build();
+/// idem_runtime::init(idem.clone()).unwrap();
+/// assert!(matches!(idem_runtime::init(idem), Err(idem_runtime::Error::AlreadyInitialized)));
+/// ```
+pub fn init(idem: Idem) -> Result<(), Error> {
+    GLOBAL.set(idem).map_err(|_| Error::AlreadyInitialized)
+}
+
+/// The current runtime: the enclosing [`Idem::scope`], else [`init`]'s, else the
+/// process-wide default on a [`MemoryStore`].
+pub fn current() -> Idem {
+    if let Ok(idem) = SCOPED.try_with(Idem::clone) {
+        return idem;
+    }
+    if let Some(idem) = GLOBAL.get() {
+        return idem.clone();
+    }
+    FALLBACK
+        .get_or_init(|| {
+            tracing::warn!(
+                "idem: no runtime configured (idem_runtime::init or Idem::scope); \
+                 using an in-process MemoryStore, which does not deduplicate across processes"
+            );
+            Idem::builder().build()
+        })
+        .clone()
+}
+
+/// Issues a one-time token on the current runtime; see [`Idem::issue_token`].
+pub async fn issue_token(ttl: Duration) -> Result<String, Error> {
+    current().issue_token(ttl).await
+}
+
+impl Idem {
+    /// A builder.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    pub(crate) fn namespace_arc(&self) -> &Arc<str> {
+        &self.inner.namespace
+    }
+
+    /// Counters of rare events (lost leases, unrecorded results).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            lease_lost: self.inner.lease_lost.load(Ordering::Relaxed),
+            store_failures: self.inner.store_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `fut` with this runtime as the current one (for functions under
+    /// `#[idempotent]` called inside it, on this task). Tasks spawned inside do not
+    /// inherit it: scope them too.
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        SCOPED.scope(self.clone(), fut).await
+    }
+
+    /// The record key for `key` rendered under `opts` in this runtime's namespace.
+    /// Nothing is allocated for the rendering: it streams into the digest.
+    pub fn key(&self, opts: &Options, key: fmt::Arguments<'_>) -> Key {
+        Key::new(&self.inner.namespace, opts.scope(), key)
+    }
+
+    /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
+    /// RNG. Consume it with a `strategy = "token"` function (or [`Idem::consume_token`]);
+    /// it is valid for every token-strategy function of this namespace.
+    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+        token::issue(self, ttl).await
+    }
+
+    /// Dedup without the macro: runs `body` once per `key` and replays its `Ok` value to
+    /// every later or concurrent call with the same key (an `Err` releases the key so a
+    /// retry runs). `opts` must be dedup options.
+    pub fn dedup<'a, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.dedup_with::<ReplayOk, T, E, F>(opts, key, None, body)
+    }
+
+    /// Dedup with an explicit [`Codec`] (what is stored and replayed) and an optional
+    /// payload [`Fingerprint`].
+    ///
+    /// The key is rendered before the returned future is first polled, so a key type
+    /// that is not `Send` does not make the future `!Send`.
+    pub fn dedup_with<'a, C, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        fingerprint: Option<Fingerprint>,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Dedup, key, fingerprint, body)
+    }
+
+    /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
+    /// `opts.wait` for it. Inside, [`fence`](crate::fence) returns the fencing token.
+    pub fn lock<'a, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        lock::run(self, opts, key, body)
+    }
+
+    /// Consumes `token` (from [`Idem::issue_token`]) by running `body` once. A second
+    /// consumption is rejected (or replayed, with a replaying codec); an unknown or
+    /// expired token is [`Error::TokenInvalid`]; an `Err` from the body (not cached)
+    /// returns the token to its issued state, so it can be used again.
+    pub async fn consume_token<C, T, E, F>(&self, opts: &Options, token: &str, body: F) -> Result<T, E>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = Key::from_str(&self.inner.namespace, crate::key::TOKEN_SCOPE, token);
+        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, body).await
+    }
+
+    pub(crate) fn lease_lost(&self, key: &Key, observed: bool) {
+        self.inner.lease_lost.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            %key,
+            renewal_failed = observed,
+            "the claim was lost before the result was recorded; the result is returned \
+             but not stored, and another owner may have run too (lease too short?)"
+        );
+    }
+
+    pub(crate) fn count_store_failure(&self) {
+        self.inner.store_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Entry points the `#[idempotent]` expansion calls. Not a public API.
+#[doc(hidden)]
+pub(crate) mod private {
+    use super::*;
+
+    /// Dedup, as expanded from the attribute.
+    pub async fn dedup<C, T, E, F>(
+        rt: Idem,
+        opts: &'static Options,
+        key: Key,
+        fp: Option<Fingerprint>,
+        body: F,
+    ) -> Result<T, E>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        debug_assert_eq!(opts.strategy, Strategy::Dedup);
+        dedup::run::<C, T, E, F>(&rt, opts, ClaimKind::Dedup, key, fp, body).await
+    }
+
+    /// Token consumption, as expanded from the attribute.
+    pub async fn token<C, T, E, F>(
+        rt: Idem,
+        opts: &'static Options,
+        key: Key,
+        fp: Option<Fingerprint>,
+        body: F,
+    ) -> Result<T, E>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        dedup::run::<C, T, E, F>(&rt, opts, ClaimKind::Token, key, fp, body).await
+    }
+
+    /// Lock, as expanded from the attribute.
+    pub async fn lock<T, E, F>(rt: Idem, opts: &'static Options, key: Key, body: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        lock::run(&rt, opts, key, body).await
+    }
+}

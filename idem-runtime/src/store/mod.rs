@@ -1,0 +1,290 @@
+//! The [`Store`] trait: the one seam between strategies and backends.
+//!
+//! A store keeps one record per [`Key`] and moves it through
+//! absent → `InProgress{owner, lease}` → `Completed{value}` → absent after its ttl
+//! (tokens start at `Issued`). Every method is **one atomic operation** on the backend:
+//! one Lua script on Redis, one statement on SQL, one critical section in memory. Expiry
+//! is decided by the store's own clock, never by the caller's.
+//!
+//! Strategies (dedup, lock, token) are written once on top of these primitives, so a
+//! third-party backend gets all of them by implementing this trait and passing the
+//! conformance suite in `idem_runtime::testing`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::{Error, Fingerprint, Key};
+
+pub mod memory;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
+
+/// A boxed, sendable future, as returned by [`Store`] methods (keeps the trait object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Who holds a claim: unique per call, across processes.
+///
+/// The high 64 bits are random per process (from the OS RNG), the low 64 bits count calls,
+/// so a fresh owner costs one atomic increment and no system call.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner(pub u128);
+
+impl Owner {
+    /// A new owner id, never returned before by this process.
+    pub fn next() -> Owner {
+        static PROCESS: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(1);
+        let process = *PROCESS.get_or_init(|| {
+            let mut b = [0u8; 8];
+            // Without an OS RNG, fall back to time and pid: unique enough for owners
+            // (they are not secrets, only distinct).
+            if getrandom::fill(&mut b).is_err() {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                b = (t ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+            }
+            u64::from_le_bytes(b)
+        });
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Owner((u128::from(process) << 64) | u128::from(n))
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({:032x})", self.0)
+    }
+}
+
+/// What a claim is for; decides which states it may take over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClaimKind {
+    /// Absent (or an in-progress record whose lease ended) becomes `InProgress`.
+    /// A completed record is returned as [`ClaimOutcome::Completed`].
+    Dedup,
+    /// Like `Dedup`, but never completes: acquiring also bumps the key's fencing counter
+    /// and returns it in [`ClaimOutcome::Claimed`].
+    Lock,
+    /// Only an `Issued` token (or a token claim whose lease ended) can be claimed; an absent
+    /// record is [`ClaimOutcome::Missing`]. Releasing returns the token to `Issued`.
+    Token,
+}
+
+/// A request to claim a key.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClaimRequest {
+    /// What the claim is for.
+    pub kind: ClaimKind,
+    /// Who claims.
+    pub owner: Owner,
+    /// How long the claim lasts unless renewed.
+    pub lease: Duration,
+    /// Stored with a new claim and returned with existing records, so the caller can
+    /// detect a payload mismatch.
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl ClaimRequest {
+    /// A request of `kind` by `owner` for `lease`.
+    pub fn new(kind: ClaimKind, owner: Owner, lease: Duration) -> Self {
+        ClaimRequest {
+            kind,
+            owner,
+            lease,
+            fingerprint: None,
+        }
+    }
+
+    /// With a payload fingerprint.
+    pub fn with_fingerprint(mut self, fingerprint: Option<Fingerprint>) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// The caller now holds the key. `fence` is the key's new fencing token for
+    /// [`ClaimKind::Lock`] (strictly greater than every earlier one), 0 otherwise.
+    Claimed {
+        /// The fencing token.
+        fence: u64,
+    },
+    /// Another owner holds the key; its lease ends in `retry_in` unless renewed.
+    Busy {
+        /// Time left on the holder's lease, by the store's clock.
+        retry_in: Duration,
+        /// The fingerprint the holder claimed with.
+        fingerprint: Option<Fingerprint>,
+    },
+    /// The key completed; `value` is what `complete` stored.
+    Completed {
+        /// The stored bytes, exactly as given to [`Store::complete`].
+        value: Bytes,
+        /// The fingerprint of the call that completed it.
+        fingerprint: Option<Fingerprint>,
+    },
+    /// [`ClaimKind::Token`] only: there is no such token (never issued, or expired).
+    Missing,
+}
+
+/// A one-shot notification that a record may have changed.
+///
+/// Returned by [`Store::subscribe`]; resolves at the first change of the record after the
+/// subscription was made (a completion, a release). Spurious wake-ups are allowed: the
+/// caller always claims again. A subscription that never fires is allowed too
+/// ([`Subscription::never`]): callers then poll on the lease's remaining time.
+pub struct Subscription(Option<BoxFuture<'static, ()>>);
+
+impl Subscription {
+    /// A subscription that resolves when `fut` does.
+    pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
+        Subscription(Some(Box::pin(fut)))
+    }
+
+    /// A subscription that never fires, for stores without change notifications.
+    pub fn never() -> Self {
+        Subscription(None)
+    }
+
+    /// A subscription that has already fired (the record changed while subscribing).
+    pub fn ready() -> Self {
+        Subscription::new(std::future::ready(()))
+    }
+
+    /// Whether this subscription can ever fire.
+    pub fn is_never(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Waits for the change.
+    pub async fn changed(self) {
+        match self.0 {
+            Some(f) => f.await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Subscription"
+        } else {
+            "Subscription(never)"
+        })
+    }
+}
+
+/// A backend that keeps idem's records.
+///
+/// Each method is one atomic step on the backend; none may be built from two round trips
+/// (a read then a write), since two callers could both see "absent" in between. Methods
+/// return boxed futures so that `Arc<dyn Store>` works; implementations usually write
+/// `Box::pin(async move { ... })`.
+///
+/// Implement this for a new backend, then run `idem_runtime::testing` against it.
+pub trait Store: Send + Sync + 'static {
+    /// Claims `key` per `req` (see [`ClaimKind`] for which states each kind may take).
+    ///
+    /// Must be atomic: of any number of concurrent claims on an absent key, exactly one
+    /// gets [`ClaimOutcome::Claimed`].
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>>;
+
+    /// If `owner` still holds `key`, stores `value` as its completed result, kept for `ttl`,
+    /// wakes subscribers and returns `true`. Otherwise changes nothing and returns `false`.
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// If `owner` still holds `key`, gives it up (absent again, or `Issued` again for a
+    /// token), wakes subscribers and returns `true`. Otherwise returns `false`.
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// If `owner` still holds `key`, extends its lease to `lease` from now and returns
+    /// `true`. Otherwise returns `false` (the lease was lost).
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Records `key` as an `Issued` token, valid for `ttl`. Returns `false` if a record
+    /// already exists there (it is left unchanged).
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// A notification of the next change of `key`; see [`Subscription`].
+    ///
+    /// The default never fires, and waiters poll. Stores that can push changes (memory,
+    /// Redis pub/sub) override it so that a duplicate is woken as soon as its twin ends.
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        let _ = key;
+        Box::pin(std::future::ready(Ok(Subscription::never())))
+    }
+
+    /// A short name for logs ("memory", "redis", ...).
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        (**self).claim(key, req)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).complete(key, owner, value, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).release(key, owner)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).renew(key, owner, lease)
+    }
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).issue(key, ttl)
+    }
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        (**self).subscribe(key)
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+}

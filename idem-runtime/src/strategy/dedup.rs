@@ -1,0 +1,73 @@
+//! Dedup: run once per key; later calls replay or reject the stored result.
+//!
+//! Token consumption is the same flow with a claim that only takes an issued token, so
+//! it lives here too.
+
+use std::future::Future;
+
+use super::claim::{ClaimGuard, check_fingerprint, claim_waiting, with_heartbeat};
+use crate::codec::{Codec, NoReplay};
+use crate::options::OnDuplicate;
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use crate::{Error, Fingerprint, Idem, Key, Options};
+
+/// Claim, run, then complete (or release on a non-cached `Err`).
+pub(crate) async fn run<C, T, E, F>(
+    idem: &Idem,
+    opts: &Options,
+    kind: ClaimKind,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let store = idem.store();
+    let owner = Owner::next();
+    let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
+    match claim_waiting(&**store, &key, &req, opts.wait).await? {
+        Some(ClaimOutcome::Claimed { .. }) => {}
+        Some(ClaimOutcome::Completed {
+            value,
+            fingerprint: stored,
+        }) => {
+            check_fingerprint(&key, fingerprint, stored)?;
+            return match opts.on_duplicate {
+                OnDuplicate::Reject => Err(Error::Duplicate { key }.into()),
+                OnDuplicate::Replay => C::decode(&key, &value)?,
+            };
+        }
+        Some(ClaimOutcome::Missing) => return Err(Error::TokenInvalid { key }.into()),
+        None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::InProgress { key }.into()),
+    }
+
+    // From here until the record is completed or released, a drop (cancellation or panic)
+    // releases the claim.
+    let mut guard = ClaimGuard::new(store.clone(), key.clone(), owner);
+    let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
+    let encoded = C::encode(&key, &result).or_else(|e| {
+        // The body ran and its effect happened, but its value cannot be stored. Record
+        // that the key completed, so a retry is rejected instead of running again.
+        tracing::error!(%key, error = %e, "result does not serialize; storing a marker");
+        <NoReplay as Codec<(), ()>>::encode(&key, &Ok(()))
+    })?;
+    let outcome = match encoded {
+        Some(bytes) => store.complete(&key, owner, bytes, opts.ttl).await,
+        None => store.release(&key, owner).await,
+    };
+    guard.disarm();
+    match outcome {
+        Ok(true) => {}
+        Ok(false) => idem.lease_lost(&key, lost),
+        Err(e) => {
+            // The effect happened; the caller gets its result. The claim stays until its
+            // lease ends, so duplicates wait or fail rather than run again at once.
+            idem.count_store_failure();
+            tracing::error!(%key, error = %e, "could not record the result; the key stays claimed until its lease ends");
+        }
+    }
+    result
+}

@@ -1,0 +1,6 @@
+//! The strategies, each written once on top of the [`Store`](crate::Store) trait.
+
+pub(crate) mod claim;
+pub(crate) mod dedup;
+pub(crate) mod lock;
+pub(crate) mod token;
