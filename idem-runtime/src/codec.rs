@@ -76,7 +76,9 @@ impl<T: Serialize + DeserializeOwned, E> Codec<T, E> for ReplayOk {
     }
 }
 
-impl<T: Serialize + DeserializeOwned, E: Serialize + DeserializeOwned> Codec<T, E> for ReplayResult {
+impl<T: Serialize + DeserializeOwned, E: Serialize + DeserializeOwned> Codec<T, E>
+    for ReplayResult
+{
     fn encode(key: &Key, result: &Result<T, E>) -> Result<Option<Bytes>, Error> {
         match result {
             Ok(v) => seal(key, TAG_OK, v).map(Some),
@@ -182,8 +184,13 @@ mod tests {
     #[test]
     fn round_trips_ok_and_err() {
         let k = key();
-        let b = <ReplayResult as Codec<u32, String>>::encode(&k, &Ok(7)).unwrap().unwrap();
-        assert_eq!(<ReplayResult as Codec<u32, String>>::decode(&k, &b).unwrap(), Ok(7));
+        let b = <ReplayResult as Codec<u32, String>>::encode(&k, &Ok(7))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            <ReplayResult as Codec<u32, String>>::decode(&k, &b).unwrap(),
+            Ok(7)
+        );
         let b = <ReplayResult as Codec<u32, String>>::encode(&k, &Err("no".into()))
             .unwrap()
             .unwrap();
@@ -191,13 +198,19 @@ mod tests {
             <ReplayResult as Codec<u32, String>>::decode(&k, &b).unwrap(),
             Err("no".to_string())
         );
-        assert!(<ReplayOk as Codec<u32, ()>>::encode(&k, &Err(())).unwrap().is_none());
+        assert!(
+            <ReplayOk as Codec<u32, ()>>::encode(&k, &Err(()))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
     fn any_flipped_bit_is_corrupt_never_a_value() {
         let k = key();
-        let good = <ReplayOk as Codec<u64, ()>>::encode(&k, &Ok(123_456)).unwrap().unwrap();
+        let good = <ReplayOk as Codec<u64, ()>>::encode(&k, &Ok(123_456))
+            .unwrap()
+            .unwrap();
         for i in 0..good.len() {
             for bit in 0..8 {
                 let mut bad = good.to_vec();
@@ -209,7 +222,12 @@ mod tests {
                 );
             }
         }
-        for garbage in [&b""[..], b"OK", b"\xff\xfe\x00garbage", b"i\x01\x00\x00\x00\x00\x00"] {
+        for garbage in [
+            &b""[..],
+            b"OK",
+            b"\xff\xfe\x00garbage",
+            b"i\x01\x00\x00\x00\x00\x00",
+        ] {
             assert!(<ReplayOk as Codec<u64, ()>>::decode(&k, garbage).is_err());
         }
     }
@@ -217,7 +235,9 @@ mod tests {
     #[test]
     fn markers_reject() {
         let k = key();
-        let b = <NoReplay as Codec<(), ()>>::encode(&k, &Ok(())).unwrap().unwrap();
+        let b = <NoReplay as Codec<(), ()>>::encode(&k, &Ok(()))
+            .unwrap()
+            .unwrap();
         assert!(matches!(
             <NoReplay as Codec<(), ()>>::decode(&k, &b),
             Err(Error::Duplicate { .. })
@@ -231,7 +251,9 @@ mod tests {
     #[test]
     fn type_change_is_a_codec_error() {
         let k = key();
-        let b = <ReplayOk as Codec<String, ()>>::encode(&k, &Ok("x".into())).unwrap().unwrap();
+        let b = <ReplayOk as Codec<String, ()>>::encode(&k, &Ok("x".into()))
+            .unwrap()
+            .unwrap();
         assert!(matches!(
             <ReplayOk as Codec<u64, ()>>::decode(&k, &b),
             Err(Error::Codec { .. })

@@ -93,9 +93,8 @@ impl Key {
     /// A readable, unique string for backends that address records by name:
     /// `{prefix}{namespace}:{scope}:{digest_hex}`.
     pub fn storage_name(&self, prefix: &str) -> String {
-        let mut s = String::with_capacity(
-            prefix.len() + self.namespace.len() + self.scope.len() + 34,
-        );
+        let mut s =
+            String::with_capacity(prefix.len() + self.namespace.len() + self.scope.len() + 34);
         s.push_str(prefix);
         s.push_str(&self.namespace);
         s.push(':');
@@ -191,9 +190,9 @@ impl FingerprintBuilder {
 
     /// Adds one argument.
     pub fn add<S: Serialize + ?Sized>(&mut self, value: &S) -> Result<(), Error> {
-        serde_json::to_writer(&mut self.0, value).map_err(|e| Error::Config(format!(
-            "a fingerprinted argument does not serialize: {e}"
-        )))?;
+        serde_json::to_writer(&mut self.0, value).map_err(|e| {
+            Error::Config(format!("a fingerprinted argument does not serialize: {e}"))
+        })?;
         // A separator that JSON never emits keeps (["a","b"]) apart from (["a"],"b").
         self.0.0.update(&[0xff]);
         Ok(())

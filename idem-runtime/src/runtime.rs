@@ -96,9 +96,7 @@ impl Builder {
     pub fn build(self) -> Idem {
         Idem {
             inner: Arc::new(Inner {
-                store: self
-                    .store
-                    .unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 namespace: Arc::from(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
@@ -269,7 +267,12 @@ impl Idem {
     /// consumption is rejected (or replayed, with a replaying codec); an unknown or
     /// expired token is [`Error::TokenInvalid`]; an `Err` from the body (not cached)
     /// returns the token to its issued state, so it can be used again.
-    pub async fn consume_token<C, T, E, F>(&self, opts: &Options, token: &str, body: F) -> Result<T, E>
+    pub async fn consume_token<C, T, E, F>(
+        &self,
+        opts: &Options,
+        token: &str,
+        body: F,
+    ) -> Result<T, E>
     where
         C: Codec<T, E>,
         E: From<Error>,

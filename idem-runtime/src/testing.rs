@@ -26,8 +26,8 @@ use bytes::Bytes;
 use tokio::sync::{Barrier, Notify};
 
 use crate::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Error, Fingerprint, Idem, Key, NoReplay, Options,
-    Owner, ReplayOk, ReplayResult, Store,
+    ClaimKind, ClaimOutcome, ClaimRequest, Error, Fingerprint, Idem, Key, NoReplay, Options, Owner,
+    ReplayOk, ReplayResult, Store,
 };
 
 /// Runs one case: builds a multi-threaded runtime, makes the store, runs the case.
@@ -141,7 +141,10 @@ pub mod cases {
             values.push(t.await.unwrap().expect("every caller gets the value"));
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1, "body ran more than once");
-        assert!(values.windows(2).all(|w| w[0] == w[1]), "callers saw different values");
+        assert!(
+            values.windows(2).all(|w| w[0] == w[1]),
+            "callers saw different values"
+        );
     }
 
     /// A completed key replays its value and does not run the body.
@@ -162,12 +165,20 @@ pub mod cases {
     pub async fn dedup_err_releases_and_retry_runs(store: Arc<dyn Store>) {
         let idem = idem(&store);
         let r: Result<u32, Error> = idem
-            .dedup(&DEDUP, "k", async { Err(Error::Config("gateway down".into())) })
+            .dedup(&DEDUP, "k", async {
+                Err(Error::Config("gateway down".into()))
+            })
             .await;
         assert!(r.is_err());
-        let r: u32 = idem.dedup(&DEDUP, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        let r: u32 = idem
+            .dedup(&DEDUP, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!(r, 2);
-        let r: u32 = idem.dedup(&DEDUP, "k", async { Ok::<_, Error>(3) }).await.unwrap();
+        let r: u32 = idem
+            .dedup(&DEDUP, "k", async { Ok::<_, Error>(3) })
+            .await
+            .unwrap();
         assert_eq!(r, 2);
     }
 
@@ -235,7 +246,10 @@ pub mod cases {
         assert!(matches!(r, Err(Error::InProgress { .. })), "{r:?}");
         finish.notify_one();
         assert_eq!(holder.await.unwrap().unwrap(), 1);
-        let r: u8 = idem.dedup(&NOWAIT, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        let r: u8 = idem
+            .dedup(&NOWAIT, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!(r, 1);
     }
 
@@ -273,7 +287,11 @@ pub mod cases {
         assert!(first.await.unwrap().is_err());
         let mut values = Vec::new();
         for w in waiters {
-            values.push(w.await.unwrap().expect("waiter gets the second run's value"));
+            values.push(
+                w.await
+                    .unwrap()
+                    .expect("waiter gets the second run's value"),
+            );
         }
         assert_eq!(runs.load(Ordering::SeqCst), 2, "exactly one waiter ran");
         assert!(values.windows(2).all(|w| w[0] == w[1]));
@@ -347,11 +365,20 @@ pub mod cases {
     /// The same key in two namespaces is two records.
     pub async fn namespaces_are_isolated(store: Arc<dyn Store>) {
         let (a, b) = (idem(&store), idem(&store));
-        let x: u8 = a.dedup(&DEDUP, "k", async { Ok::<_, Error>(1) }).await.unwrap();
-        let y: u8 = b.dedup(&DEDUP, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        let x: u8 = a
+            .dedup(&DEDUP, "k", async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+        let y: u8 = b
+            .dedup(&DEDUP, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!((x, y), (1, 2));
         static OTHER: Options = Options::dedup("conformance::other");
-        let z: u8 = a.dedup(&OTHER, "k", async { Ok::<_, Error>(3) }).await.unwrap();
+        let z: u8 = a
+            .dedup(&OTHER, "k", async { Ok::<_, Error>(3) })
+            .await
+            .unwrap();
         assert_eq!(z, 3, "two functions never share a record");
     }
 
@@ -359,11 +386,20 @@ pub mod cases {
     pub async fn ttl_expiry_runs_again(store: Arc<dyn Store>) {
         static SHORT: Options = Options::dedup("conformance::ttl").ttl(Duration::from_millis(300));
         let idem = idem(&store);
-        let a: u8 = idem.dedup(&SHORT, "k", async { Ok::<_, Error>(1) }).await.unwrap();
-        let b: u8 = idem.dedup(&SHORT, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        let a: u8 = idem
+            .dedup(&SHORT, "k", async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+        let b: u8 = idem
+            .dedup(&SHORT, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!((a, b), (1, 1));
         tokio::time::sleep(ms(900)).await;
-        let c: u8 = idem.dedup(&SHORT, "k", async { Ok::<_, Error>(3) }).await.unwrap();
+        let c: u8 = idem
+            .dedup(&SHORT, "k", async { Ok::<_, Error>(3) })
+            .await
+            .unwrap();
         assert_eq!(c, 3);
     }
 
@@ -389,7 +425,10 @@ pub mod cases {
         started.notified().await;
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
-        let r: u8 = idem.dedup(&LONG, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        let r: u8 = idem
+            .dedup(&LONG, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!(r, 2, "the cancelled call's claim was not released");
     }
 
@@ -406,15 +445,27 @@ pub mod cases {
             ClaimOutcome::Claimed { .. }
         ));
         let r: Result<u8, Error> = idem.dedup(&NOWAIT, "k", async { Ok(1) }).await;
-        assert!(matches!(r, Err(Error::InProgress { .. })), "taken over before the lease ended");
-        let r: u8 = idem.dedup(&WAIT, "k", async { Ok::<_, Error>(2) }).await.unwrap();
+        assert!(
+            matches!(r, Err(Error::InProgress { .. })),
+            "taken over before the lease ended"
+        );
+        let r: u8 = idem
+            .dedup(&WAIT, "k", async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
         assert_eq!(r, 2);
-        assert!(!store.complete(&key, crashed.owner, Bytes::from_static(b"x"), ms(1000)).await.unwrap());
+        assert!(
+            !store
+                .complete(&key, crashed.owner, Bytes::from_static(b"x"), ms(1000))
+                .await
+                .unwrap()
+        );
     }
 
     /// A body running for several leases keeps its claim (the heartbeat renews it).
     pub async fn heartbeat_keeps_long_body_claimed(store: Arc<dyn Store>) {
-        static SHORT_LEASE: Options = Options::dedup("conformance::hb").lease(Duration::from_millis(300));
+        static SHORT_LEASE: Options =
+            Options::dedup("conformance::hb").lease(Duration::from_millis(300));
         static PEEK: Options = Options::dedup("conformance::hb").wait(Duration::ZERO);
         let idem = idem(&store);
         let runs = Arc::new(AtomicUsize::new(0));
@@ -431,11 +482,7 @@ pub mod cases {
         };
         for _ in 0..6 {
             tokio::time::sleep(ms(200)).await;
-            let r: Result<u8, Error> = idem
-                .dedup(&PEEK, "k", async {
-                    Ok(9)
-                })
-                .await;
+            let r: Result<u8, Error> = idem.dedup(&PEEK, "k", async { Ok(9) }).await;
             if runs.load(Ordering::SeqCst) == 1 && !holder.is_finished() {
                 assert!(matches!(r, Err(Error::InProgress { .. })), "{r:?}");
             }
@@ -466,14 +513,25 @@ pub mod cases {
             }
             assert!(!store.release(&key, old.owner).await.unwrap());
             assert!(!store.renew(&key, old.owner, ms(30_000)).await.unwrap());
-            assert!(!store.complete(&key, old.owner, Bytes::from_static(b"stale"), ms(30_000)).await.unwrap());
+            assert!(
+                !store
+                    .complete(&key, old.owner, Bytes::from_static(b"stale"), ms(30_000))
+                    .await
+                    .unwrap()
+            );
             assert!(matches!(
-                store.claim(&key, &ClaimRequest::new(kind, Owner::next(), ms(1000))).await.unwrap(),
+                store
+                    .claim(&key, &ClaimRequest::new(kind, Owner::next(), ms(1000)))
+                    .await
+                    .unwrap(),
                 ClaimOutcome::Busy { .. }
             ));
             assert!(store.renew(&key, new.owner, ms(30_000)).await.unwrap());
             assert!(store.release(&key, new.owner).await.unwrap());
-            assert!(!store.release(&key, new.owner).await.unwrap(), "released twice");
+            assert!(
+                !store.release(&key, new.owner).await.unwrap(),
+                "released twice"
+            );
         }
     }
 
@@ -482,11 +540,21 @@ pub mod cases {
         let idem = idem(&store);
         let key = idem.key(&DEDUP, format_args!("k"));
         let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(5000));
-        assert!(matches!(store.claim(&key, &req).await.unwrap(), ClaimOutcome::Claimed { .. }));
-        assert!(store
-            .complete(&key, req.owner, Bytes::from_static(b"\x00garbage\xff"), ms(30_000))
-            .await
-            .unwrap());
+        assert!(matches!(
+            store.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        assert!(
+            store
+                .complete(
+                    &key,
+                    req.owner,
+                    Bytes::from_static(b"\x00garbage\xff"),
+                    ms(30_000)
+                )
+                .await
+                .unwrap()
+        );
         let runs = AtomicUsize::new(0);
         let r: Result<u64, Error> = idem
             .dedup(&DEDUP, "k", async {
@@ -525,7 +593,10 @@ pub mod cases {
         }
         let order = order.lock().unwrap();
         assert_eq!(order.len(), 40);
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "fences not increasing: {order:?}");
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "fences not increasing: {order:?}"
+        );
     }
 
     /// A held lock with `wait = 0` is `Error::Locked`.
@@ -551,7 +622,9 @@ pub mod cases {
         assert!(matches!(r, Err(Error::Locked { .. })), "{r:?}");
         finish.notify_one();
         holder.await.unwrap().unwrap();
-        idem.lock(&NOWAIT, "k", async { Ok::<_, Error>(()) }).await.unwrap();
+        idem.lock(&NOWAIT, "k", async { Ok::<_, Error>(()) })
+            .await
+            .unwrap();
     }
 
     static TOKEN: Options = Options::token("conformance::redeem");
@@ -588,7 +661,12 @@ pub mod cases {
     /// Unknown, garbage and expired tokens are `TokenInvalid`; tokens are namespaced.
     pub async fn token_invalid_and_expiry(store: Arc<dyn Store>) {
         let idem = idem(&store);
-        for bad in ["", "not-a-token", "00000000000000000000000000000000", &"x".repeat(10_000)] {
+        for bad in [
+            "",
+            "not-a-token",
+            "00000000000000000000000000000000",
+            &"x".repeat(10_000),
+        ] {
             let r = idem
                 .consume_token::<NoReplay, _, _, _>(&TOKEN, bad, async { Ok::<_, Error>(()) })
                 .await;
@@ -599,13 +677,19 @@ pub mod cases {
         let r = idem
             .consume_token::<NoReplay, _, _, _>(&TOKEN, &token, async { Ok::<_, Error>(()) })
             .await;
-        assert!(matches!(r, Err(Error::TokenInvalid { .. })), "another namespace's token");
+        assert!(
+            matches!(r, Err(Error::TokenInvalid { .. })),
+            "another namespace's token"
+        );
         let token = idem.issue_token(ms(300)).await.unwrap();
         tokio::time::sleep(ms(900)).await;
         let r = idem
             .consume_token::<NoReplay, _, _, _>(&TOKEN, &token, async { Ok::<_, Error>(()) })
             .await;
-        assert!(matches!(r, Err(Error::TokenInvalid { .. })), "expired token: {r:?}");
+        assert!(
+            matches!(r, Err(Error::TokenInvalid { .. })),
+            "expired token: {r:?}"
+        );
     }
 
     /// A body `Err` returns the token to `Issued`: it can be consumed again, once.
@@ -627,7 +711,11 @@ pub mod cases {
         let r: Result<u32, Error> = idem
             .consume_token::<ReplayOk, _, _, _>(&REPLAY, &token, async { Ok(8) })
             .await;
-        assert_eq!(r.unwrap(), 7, "replay mode returns the first consumption's value");
+        assert_eq!(
+            r.unwrap(),
+            7,
+            "replay mode returns the first consumption's value"
+        );
         let r: Result<u32, Error> = idem
             .consume_token::<ReplayOk, _, _, _>(&TOKEN, &token, async { Ok(9) })
             .await;
@@ -642,7 +730,10 @@ pub mod cases {
         assert!(!store.issue(&key, Duration::from_secs(60)).await.unwrap());
         let fp = Some(Fingerprint([7; 16]));
         let req = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(5000)).with_fingerprint(fp);
-        assert!(matches!(store.claim(&key, &req).await.unwrap(), ClaimOutcome::Claimed { .. }));
+        assert!(matches!(
+            store.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
         assert!(!store.issue(&key, Duration::from_secs(60)).await.unwrap());
         let other = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(5000));
         match store.claim(&key, &other).await.unwrap() {
@@ -650,14 +741,25 @@ pub mod cases {
             o => panic!("expected Busy, got {o:?}"),
         }
         let value = Bytes::from_static(b"done");
-        assert!(store.complete(&key, req.owner, value.clone(), Duration::from_secs(60)).await.unwrap());
+        assert!(
+            store
+                .complete(&key, req.owner, value.clone(), Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
         match store.claim(&key, &other).await.unwrap() {
-            ClaimOutcome::Completed { value: v, fingerprint } => {
+            ClaimOutcome::Completed {
+                value: v,
+                fingerprint,
+            } => {
                 assert_eq!((v, fingerprint), (value, fp));
             }
             o => panic!("expected Completed, got {o:?}"),
         }
         let missing = Key::from_str(&ns, crate::TOKEN_SCOPE, "never-issued");
-        assert_eq!(store.claim(&missing, &other).await.unwrap(), ClaimOutcome::Missing);
+        assert_eq!(
+            store.claim(&missing, &other).await.unwrap(),
+            ClaimOutcome::Missing
+        );
     }
 }
