@@ -1,0 +1,678 @@
+//! [`RedisStore`]: records in Redis (standalone or Cluster), shared by every process.
+//!
+//! # Layout
+//!
+//! A record is one hash, `{prefix}{namespace}:{scope}:{<digest>}`, and a lock's fencing
+//! counter sits beside it at `...:fence`. The digest is the key's hash tag, so in a
+//! Cluster both keys of a record live in one slot and every script touches one node.
+//! Fields: `s` state (`p` in progress, `c` completed, `i` issued token), `k` claim kind,
+//! `o` owner, `l` lease deadline and `t` token deadline (ms by the Redis clock), `f`
+//! fingerprint, `v` value, `w` "somebody waited". Anything else under a record's name (a
+//! string, a hash without a known state, a completed record without a value) is
+//! reported as [`Error::Corrupt`], never replayed.
+//!
+//! # Round trips
+//!
+//! Each [`Store`] method is one Lua script run by SHA (`EVALSHA`, reloaded on `NOSCRIPT`):
+//! a new key costs a claim and a completion, a replay one claim (which returns the stored
+//! value), a lock acquire and release one each, the fence bumped inside the acquire.
+//! Expiry is Redis' own (`PEXPIRE`, and `TIME` inside scripts for deadlines kept in the
+//! record), never the client's clock.
+//!
+//! # Connections, waiting, timeouts
+//!
+//! Calls share a few multiplexed connections round-robin (see [`RedisStoreBuilder::connections`]);
+//! a duplicate waiting for its twin is woken through pub/sub within milliseconds of the
+//! twin finishing; every call is bounded by [`RedisStoreBuilder::timeout`] and fails
+//! with [`Error::Store`], and a broken connection is replaced on the next call, so the
+//! store recovers by itself when the server returns.
+
+mod conn;
+mod notify;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::{Script, Value};
+
+use self::conn::{Connections, Source, is_transport_error};
+use self::notify::Notifier;
+use super::{BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+use crate::{Error, Fingerprint, Key};
+
+pub use deadpool_redis;
+pub use redis;
+
+/// The default bound on each store call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default prefix of every key the store writes.
+pub const DEFAULT_PREFIX: &str = "idem:";
+/// The default number of multiplexed connections calls are spread over.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The default lifetime of an unused lock's fencing counter.
+pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
+static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("issue.lua")));
+
+/// A [`Store`] in Redis, shared by every process that uses the same server and prefix.
+///
+/// Cheap to clone (clones share connections). Connects lazily: building it never blocks,
+/// and a server that is down only fails the calls made while it is down.
+///
+/// ```no_run
+/// use idem_runtime::{Idem, RedisStore};
+/// # fn main() -> Result<(), idem_runtime::Error> {
+/// let idem = Idem::builder()
+///     .store(RedisStore::connect("redis://127.0.0.1:6379")?)
+///     .namespace("shop")
+///     .build();
+/// # let _ = idem; Ok(()) }
+/// ```
+///
+/// Options through [`RedisStore::builder`]:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_runtime::RedisStore;
+/// # fn main() -> Result<(), idem_runtime::Error> {
+/// let store = RedisStore::builder()
+///     .timeout(Duration::from_millis(500))
+///     .prefix("billing:idem:")
+///     .connect("redis://:secret@10.0.0.5:6379/2")?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conns: Connections,
+    notifier: Arc<Notifier>,
+    prefix: String,
+    timeout: Duration,
+    fence_ttl_ms: u64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options of a [`RedisStore`]; made by [`RedisStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    timeout: Duration,
+    prefix: String,
+    connections: usize,
+    fence_ttl: Duration,
+    pubsub_urls: Vec<String>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        RedisStoreBuilder {
+            timeout: DEFAULT_TIMEOUT,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connections: DEFAULT_CONNECTIONS,
+            fence_ttl: DEFAULT_FENCE_TTL,
+            pubsub_urls: Vec::new(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Bounds every store call (checkout, connect and command); past it the call fails
+    /// with [`Error::Store`]. Default [`DEFAULT_TIMEOUT`].
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().timeout(std::time::Duration::from_secs(1));
+    /// # let _ = b;
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The prefix of every key written (default [`DEFAULT_PREFIX`]); stores that should
+    /// see each other's records use the same prefix.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().prefix("app1:idem:");
+    /// # let _ = b;
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many multiplexed connections calls are spread over, round-robin (default
+    /// [`DEFAULT_CONNECTIONS`]). Each pipelines any number of concurrent calls; more than
+    /// one spreads the socket work over the executor's threads.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().connections(2);
+    /// # let _ = b;
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
+        self
+    }
+
+    /// How long an unused lock's fencing counter is kept (default 30 days). Fences stay
+    /// strictly increasing even after it expires (a new counter starts at the Redis clock
+    /// in microseconds); the ttl only bounds memory for lock keys that are never used again.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().fence_ttl(std::time::Duration::from_secs(86_400));
+    /// # let _ = b;
+    /// ```
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_ttl = ttl;
+        self
+    }
+
+    /// A server to subscribe on for wake-ups, for stores built from a pool (whose
+    /// address a pool does not reveal). Without it such a store's waiters poll.
+    /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) set it
+    /// themselves.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().pubsub_url("redis://127.0.0.1:6379");
+    /// # let _ = b;
+    /// ```
+    pub fn pubsub_url(mut self, url: impl Into<String>) -> Self {
+        self.pubsub_urls.push(url.into());
+        self
+    }
+
+    /// A store on the standalone server at `url` (`redis://[user:password@]host:port[/db]`,
+    /// or `rediss://` with the `tls` feature). Does not connect yet; fails only on a
+    /// malformed URL.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::builder().connect("redis://127.0.0.1:6379")?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    pub fn connect(mut self, url: &str) -> Result<RedisStore, Error> {
+        let bad = |e: redis::RedisError| Error::Config(format!("redis URL: {e}"));
+        let conf = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let manager = deadpool_redis::Manager::new_with_config(url, conf).map_err(bad)?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .wait_timeout(Some(self.timeout))
+            .create_timeout(Some(self.timeout))
+            .recycle_timeout(Some(self.timeout))
+            .build()
+            .map_err(|e| Error::Config(format!("redis pool: {e}")))?;
+        self.pubsub_urls.insert(0, url.to_owned());
+        self.build(Source::Single(pool))
+    }
+
+    /// A store on connections from `pool`, which the application may keep using.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::deadpool_redis::{Config, Runtime};
+    /// let pool = Config::from_url("redis://127.0.0.1:6379").create_pool(Some(Runtime::Tokio1)).unwrap();
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .pubsub_url("redis://127.0.0.1:6379")
+    ///     .from_pool(pool);
+    /// # let _ = store;
+    /// ```
+    pub fn from_pool(self, pool: deadpool_redis::Pool) -> RedisStore {
+        let clients = self.clients().unwrap_or_else(|e| {
+            // A malformed pub/sub URL: keep the store, its waiters poll.
+            tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
+            Vec::new()
+        });
+        self.assemble(Source::Single(pool), clients)
+    }
+
+    /// A store on the Redis Cluster reached through any of `urls` (feature
+    /// `redis-cluster`). Keys of one record share a hash tag, so each call touches one
+    /// slot.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .connect_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn connect_cluster<S: AsRef<str>>(
+        mut self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStore, Error> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        if urls.is_empty() {
+            return Err(Error::Config("redis cluster: no node URL".into()));
+        }
+        let cfg = deadpool_redis::cluster::Config::from_urls(urls.clone());
+        let pool = cfg
+            .builder()
+            .map_err(|e| Error::Config(format!("redis cluster: {e}")))?
+            .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .wait_timeout(Some(self.timeout))
+            .create_timeout(Some(self.timeout))
+            .recycle_timeout(Some(self.timeout))
+            .build()
+            .map_err(|e| Error::Config(format!("redis cluster pool: {e}")))?;
+        let mut pubsub = urls;
+        pubsub.append(&mut self.pubsub_urls);
+        self.pubsub_urls = pubsub;
+        self.build(Source::Cluster(pool))
+    }
+
+    /// A store on connections from a Redis Cluster `pool` (feature `redis-cluster`).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::deadpool_redis::{cluster::Config, Runtime};
+    /// let pool = Config::from_urls(vec!["redis://127.0.0.1:7000".to_owned()])
+    ///     .create_pool(Some(Runtime::Tokio1)).unwrap();
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .pubsub_url("redis://127.0.0.1:7000")
+    ///     .from_cluster_pool(pool);
+    /// # let _ = store;
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn from_cluster_pool(self, pool: deadpool_redis::cluster::Pool) -> RedisStore {
+        let clients = self.clients().unwrap_or_else(|e| {
+            // A malformed pub/sub URL: keep the store, its waiters poll.
+            tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
+            Vec::new()
+        });
+        self.assemble(Source::Cluster(pool), clients)
+    }
+
+    fn build(self, source: Source) -> Result<RedisStore, Error> {
+        let clients = self.clients()?;
+        Ok(self.assemble(source, clients))
+    }
+
+    fn clients(&self) -> Result<Vec<redis::Client>, Error> {
+        self.pubsub_urls
+            .iter()
+            .map(|u| redis::Client::open(u.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(format!("redis URL: {e}")))
+    }
+
+    fn assemble(self, source: Source, clients: Vec<redis::Client>) -> RedisStore {
+        let channel = format!("{}notify", self.prefix);
+        RedisStore {
+            inner: Arc::new(Inner {
+                conns: Connections::new(source, self.connections),
+                notifier: Arc::new(Notifier::new(clients, channel, self.timeout)),
+                prefix: self.prefix,
+                timeout: self.timeout,
+                fence_ttl_ms: millis(self.fence_ttl).max(1),
+            }),
+        }
+    }
+}
+
+impl RedisStore {
+    /// A store on the standalone server at `url`, with default options; see
+    /// [`RedisStoreBuilder::connect`]. Does not connect yet.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379")?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    pub fn connect(url: &str) -> Result<RedisStore, Error> {
+        RedisStoreBuilder::default().connect(url)
+    }
+
+    /// A store on connections from `pool`, with default options. Its waiters poll
+    /// instead of being woken, since a pool does not reveal its server's address; use
+    /// [`RedisStoreBuilder::pubsub_url`] for prompt wake-ups.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::deadpool_redis::{Config, Runtime};
+    /// let pool = Config::from_url("redis://127.0.0.1:6379").create_pool(Some(Runtime::Tokio1)).unwrap();
+    /// let store = idem_runtime::RedisStore::from_pool(pool);
+    /// # let _ = store;
+    /// ```
+    pub fn from_pool(pool: deadpool_redis::Pool) -> RedisStore {
+        RedisStoreBuilder::default().from_pool(pool)
+    }
+
+    /// A store on the Redis Cluster reached through `urls`, with default options
+    /// (feature `redis-cluster`).
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::connect_cluster(&["redis://127.0.0.1:7000"])?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn connect_cluster<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStore, Error> {
+        RedisStoreBuilder::default().connect_cluster(urls)
+    }
+
+    /// Options: timeout, key prefix, connections, pub/sub address.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder();
+    /// # let _ = b;
+    /// ```
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// The name under which `key`'s record is stored: `{prefix}{namespace}:{scope}:{<digest>}`.
+    /// The braces make the digest the Cluster hash tag.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_runtime::{Key, RedisStore};
+    /// # fn main() -> Result<(), idem_runtime::Error> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379")?;
+    /// let key = Key::from_str(&Arc::from("shop"), "charge", "order-42");
+    /// assert!(store.record_name(&key).starts_with("idem:shop:charge:{"));
+    /// # Ok(()) }
+    /// ```
+    pub fn record_name(&self, key: &Key) -> String {
+        let mut s = String::with_capacity(
+            self.inner.prefix.len() + key.namespace().len() + key.scope().len() + 36,
+        );
+        s.push_str(&self.inner.prefix);
+        s.push_str(key.namespace());
+        s.push(':');
+        s.push_str(key.scope());
+        s.push_str(":{");
+        s.push_str(&key.digest_hex());
+        s.push('}');
+        s
+    }
+
+    /// Runs one script, bounded by the timeout; retires the connection on a transport
+    /// failure or a timeout (a hung connection would stall every call sharing it).
+    async fn eval(&self, inv: redis::ScriptInvocation<'_>) -> Result<Value, Error> {
+        let inner = &*self.inner;
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let timed_out = || {
+            Error::store(TimedOut {
+                timeout: inner.timeout,
+            })
+        };
+        let mut lease = tokio::time::timeout_at(deadline, inner.conns.get())
+            .await
+            .map_err(|_| timed_out())??;
+        match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut lease.conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if is_transport_error(&e) {
+                    inner.conns.retire(&lease);
+                }
+                Err(Error::store(e))
+            }
+            Err(_) => {
+                inner.conns.retire(&lease);
+                Err(timed_out())
+            }
+        }
+    }
+
+    /// Runs a script that answers 1/0 (or a corrupt-record report).
+    async fn eval_bool(&self, key: &Key, inv: redis::ScriptInvocation<'_>) -> Result<bool, Error> {
+        match self.eval(inv).await? {
+            Value::Int(n) => Ok(n == 1),
+            Value::Array(items) => Err(corrupt_from(key, &items)),
+            other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Whether this store's kind of connections is a Cluster.
+    #[doc(hidden)]
+    pub fn is_cluster(&self) -> bool {
+        !matches!(self.inner.conns.source(), Source::Single(_))
+    }
+}
+
+/// The call got no answer within the store's timeout.
+#[derive(Debug)]
+struct TimedOut {
+    timeout: Duration,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redis did not answer within {:?}", self.timeout)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Leases and ttls in whole milliseconds, rounded up: Redis treats `PEXPIRE 0` as "delete
+/// now", and a 0.5 ms lease should not be a zero one.
+fn ceil_millis(d: Duration) -> u64 {
+    let ms = millis(d);
+    if Duration::from_millis(ms) < d {
+        ms.saturating_add(1)
+    } else {
+        ms.max(1)
+    }
+}
+
+fn owner_hex(o: Owner) -> String {
+    format!("{:032x}", o.0)
+}
+
+fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        key: key.clone(),
+        reason: reason.into(),
+    }
+}
+
+fn corrupt_from(key: &Key, items: &[Value]) -> Error {
+    match items {
+        [Value::Int(0), Value::BulkString(b)] => corrupt(key, String::from_utf8_lossy(b)),
+        _ => corrupt(key, format!("unexpected reply {items:?}")),
+    }
+}
+
+fn fingerprint(key: &Key, v: Option<&Value>) -> Result<Option<Fingerprint>, Error> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::BulkString(b)) => <[u8; 16]>::try_from(b.as_slice())
+            .map(|a| Some(Fingerprint(a)))
+            .map_err(|_| corrupt(key, "fingerprint of the wrong size")),
+        Some(other) => Err(corrupt(key, format!("unexpected fingerprint {other:?}"))),
+    }
+}
+
+fn parse_claim(key: &Key, reply: Value) -> Result<ClaimOutcome, Error> {
+    let Value::Array(items) = reply else {
+        return Err(corrupt(key, format!("unexpected reply {reply:?}")));
+    };
+    let mut items = items.into_iter();
+    let tag = items.next();
+    let a = items.next();
+    let b = items.next();
+    match (tag, a) {
+        (Some(Value::Int(1)), Some(Value::Int(fence))) => Ok(ClaimOutcome::Claimed {
+            fence: u64::try_from(fence).unwrap_or(0),
+        }),
+        (Some(Value::Int(2)), Some(Value::Int(ms))) => Ok(ClaimOutcome::Busy {
+            retry_in: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+            fingerprint: fingerprint(key, b.as_ref())?,
+        }),
+        (Some(Value::Int(3)), Some(Value::BulkString(v))) => Ok(ClaimOutcome::Completed {
+            value: Bytes::from(v),
+            fingerprint: fingerprint(key, b.as_ref())?,
+        }),
+        (Some(Value::Int(4)), None) => Ok(ClaimOutcome::Missing),
+        (Some(Value::Int(0)), Some(Value::BulkString(why))) => {
+            Err(corrupt(key, String::from_utf8_lossy(&why)))
+        }
+        (tag, a) => Err(corrupt(key, format!("unexpected reply {tag:?} {a:?}"))),
+    }
+}
+
+impl Store for RedisStore {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        Box::pin(async move {
+            let rec = self.record_name(key);
+            let kind = match req.kind {
+                ClaimKind::Lock => "l",
+                ClaimKind::Token => "t",
+                _ => "d",
+            };
+            let fp: &[u8] = match &req.fingerprint {
+                Some(f) => &f.0,
+                None => b"",
+            };
+            let mut inv = CLAIM.prepare_invoke();
+            inv.key(&rec)
+                .key(format!("{rec}:fence"))
+                .arg(kind)
+                .arg(owner_hex(req.owner))
+                .arg(ceil_millis(req.lease))
+                .arg(fp)
+                .arg(self.inner.fence_ttl_ms.max(ceil_millis(req.lease) + 1000))
+                .arg(self.inner.notifier.channel());
+            parse_claim(key, self.eval(inv).await?)
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut inv = COMPLETE.prepare_invoke();
+            inv.key(self.record_name(key))
+                .arg(owner_hex(owner))
+                .arg(value.as_ref())
+                .arg(ceil_millis(ttl))
+                .arg(self.inner.notifier.channel());
+            self.eval_bool(key, inv).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut inv = RELEASE.prepare_invoke();
+            inv.key(self.record_name(key))
+                .arg(owner_hex(owner))
+                .arg(self.inner.notifier.channel());
+            self.eval_bool(key, inv).await
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut inv = RENEW.prepare_invoke();
+            inv.key(self.record_name(key))
+                .arg(owner_hex(owner))
+                .arg(ceil_millis(lease));
+            self.eval_bool(key, inv).await
+        })
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut inv = ISSUE.prepare_invoke();
+            inv.key(self.record_name(key)).arg(ceil_millis(ttl));
+            self.eval_bool(key, inv).await
+        })
+    }
+
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        Box::pin(async move {
+            let rec = self.record_name(key);
+            Ok(self.inner.notifier.subscribe(&rec).await)
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_rounds_up_and_never_reaches_zero() {
+        assert_eq!(ceil_millis(Duration::ZERO), 1);
+        assert_eq!(ceil_millis(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(ceil_millis(Duration::from_millis(30)), 30);
+    }
+
+    #[test]
+    fn garbage_replies_are_corrupt_not_panics() {
+        let key = Key::from_str(&Arc::from("t"), "s", "k");
+        for v in [
+            Value::Nil,
+            Value::Int(7),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(3)]),
+            Value::Array(vec![Value::Int(3), Value::Nil]),
+            Value::Array(vec![Value::Int(9), Value::Int(1)]),
+            Value::Array(vec![
+                Value::Int(2),
+                Value::Int(5),
+                Value::BulkString(vec![1, 2, 3]),
+            ]),
+        ] {
+            assert!(
+                matches!(parse_claim(&key, v.clone()), Err(Error::Corrupt { .. })),
+                "{v:?}"
+            );
+        }
+        let ok = parse_claim(
+            &key,
+            Value::Array(vec![
+                Value::Int(3),
+                Value::BulkString(b"x".to_vec()),
+                Value::Nil,
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            ok,
+            ClaimOutcome::Completed {
+                value: Bytes::from_static(b"x"),
+                fingerprint: None
+            }
+        );
+    }
+}
