@@ -1,0 +1,437 @@
+//! Redis store specifics beyond the conformance suite: round trips per step, record
+//! layout and garbage, token leases, wake-ups, timeouts and recovery.
+
+#[path = "support/redis_harness.rs"]
+mod harness;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use harness::{Proxy, RedisServer};
+use idem_runtime::store::redis::redis::{self, AsyncCommands};
+use idem_runtime::{
+    ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Key, Options, Owner, RedisStore, Store,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn idem_on(store: RedisStore, name: &str) -> Idem {
+    Idem::builder()
+        .store(store)
+        .namespace(harness::unique(name))
+        .build()
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+static DEDUP: Options = Options::dedup("redis_store::dedup");
+static LOCK: Options = Options::lock("redis_store::lock");
+
+/// The issue's round-trip budget, counted by the server itself: a new key is two
+/// scripts (claim, complete), a replay one, a lock acquire and release one each, a token
+/// issue one and its consumption two. An uncontended call publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_step() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    let idem = idem_on(store, "rt");
+    let token_opts = Options::token("redis_store::token");
+    // Warm up: scripts are loaded on first use (NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    let _: u8 = idem
+        .dedup(&DEDUP, "warm", async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    idem.lock(&LOCK, "warm", async { Ok::<_, Error>(()) })
+        .await
+        .unwrap();
+    let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let _: () = idem
+        .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
+        .await
+        .unwrap();
+
+    let evals = || server.calls("evalsha") + server.calls("eval");
+    let before = evals();
+    let _: u8 = idem
+        .dedup(&DEDUP, "k", async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(evals() - before, 2, "new key: claim + complete");
+
+    let before = evals();
+    let v: u8 = idem
+        .dedup(&DEDUP, "k", async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(v, 1);
+    assert_eq!(evals() - before, 1, "replay: one claim");
+
+    let before = evals();
+    idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })
+        .await
+        .unwrap();
+    assert_eq!(evals() - before, 2, "lock: acquire + release");
+
+    let before = evals();
+    let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(evals() - before, 1, "issue");
+    let before = evals();
+    let _: () = idem
+        .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
+        .await
+        .unwrap();
+    assert_eq!(evals() - before, 2, "consume: claim + complete");
+
+    // Commands run inside scripts count too: none of them published.
+    assert_eq!(
+        server.calls("publish"),
+        0,
+        "uncontended calls publish nothing"
+    );
+}
+
+/// A waiter sets the record's flag, so the completion publishes, and the waiter gets
+/// the twin's value (its lease is far longer than its wait, so only a wake-up or a
+/// re-check can deliver it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_is_woken_and_replays() {
+    static LONG: Options = Options::dedup("redis_store::wake")
+        .lease(Duration::from_secs(60))
+        .wait(Duration::from_secs(20));
+    let server = RedisServer::start();
+    let idem = idem_on(RedisStore::connect(&server.url()).unwrap(), "wake");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let twin = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.dedup(&LONG, "k", async move {
+                let _ = rx.await;
+                Ok::<_, Error>(7u8)
+            })
+            .await
+        })
+    };
+    // Wait until the twin holds the key.
+    let key = idem.key(&LONG, format_args!("k"));
+    loop {
+        let probe = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(1));
+        if matches!(
+            idem.store().claim(&key, &probe).await.unwrap(),
+            ClaimOutcome::Busy { .. }
+        ) {
+            break;
+        }
+        tokio::time::sleep(ms(5)).await;
+    }
+    let waiter = {
+        let idem = idem.clone();
+        tokio::spawn(async move { idem.dedup(&LONG, "k", async { Ok::<_, Error>(9u8) }).await })
+    };
+    tokio::time::sleep(ms(100)).await;
+    tx.send(()).unwrap();
+    assert_eq!(twin.await.unwrap().unwrap(), 7);
+    assert_eq!(waiter.await.unwrap().unwrap(), 7);
+    assert!(
+        server.calls("publish") >= 1,
+        "the completion notified the waiter"
+    );
+}
+
+/// Whatever sits under a record's name that is not a record is `Error::Corrupt` on
+/// every primitive: never a panic, never a replay, never a body run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_records_are_corrupt() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let idem = idem_on(store.clone(), "garbage");
+    let mut c = raw(url).await;
+    let owner = Owner::next();
+    let dedup = ClaimRequest::new(ClaimKind::Dedup, owner, ms(5000));
+    let garbage: Vec<(&str, Vec<(&str, &[u8])>)> = vec![
+        ("string", vec![]),
+        ("no state", vec![("x", b"1")]),
+        ("unknown state", vec![("s", b"zz")]),
+        ("completed without value", vec![("s", b"c")]),
+        (
+            "bad fingerprint",
+            vec![("s", b"c"), ("v", b"ok"), ("f", b"short")],
+        ),
+        (
+            "in progress without lease",
+            vec![("s", b"p"), ("o", b"x"), ("k", b"d")],
+        ),
+        ("issued without deadline", vec![("s", b"i")]),
+    ];
+    for (i, (what, fields)) in garbage.into_iter().enumerate() {
+        let key = idem.key(&DEDUP, format_args!("g{i}"));
+        let name = store.record_name(&key);
+        if fields.is_empty() {
+            let _: () = c.set(&name, b"\x00\xffgarbage".as_slice()).await.unwrap();
+        } else {
+            let _: () = c.hset_multiple(&name, &fields).await.unwrap();
+        }
+        let _: () = c.pexpire(&name, 60_000).await.unwrap();
+        let r = store.claim(&key, &dedup).await;
+        assert!(matches!(r, Err(Error::Corrupt { .. })), "{what}: {r:?}");
+        let runs = AtomicUsize::new(0);
+        let r: Result<u8, Error> = idem
+            .dedup(&DEDUP, format_args!("g{i}"), async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(1)
+            })
+            .await;
+        assert!(matches!(r, Err(Error::Corrupt { .. })), "{what}: {r:?}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "{what}: body ran on garbage"
+        );
+    }
+    // The other primitives on a string record.
+    let key = idem.key(&DEDUP, format_args!("s"));
+    let _: () = c.set(store.record_name(&key), "junk").await.unwrap();
+    assert!(matches!(
+        store
+            .complete(&key, owner, Bytes::from_static(b"v"), ms(1000))
+            .await,
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(
+        store.release(&key, owner).await,
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(
+        store.renew(&key, owner, ms(1000)).await,
+        Err(Error::Corrupt { .. })
+    ));
+    // A fence counter that is not a number.
+    let key = idem.key(&LOCK, format_args!("f"));
+    let _: () = c
+        .set(format!("{}:fence", store.record_name(&key)), "nan")
+        .await
+        .unwrap();
+    let lock = ClaimRequest::new(ClaimKind::Lock, owner, ms(1000));
+    assert!(matches!(
+        store.claim(&key, &lock).await,
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+/// A released token claim goes back to `Issued` with the token's remaining ttl; a token
+/// claim whose lease lapsed can be claimed again, and its old owner can no longer
+/// complete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_claims_return_to_issued() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let ns: Arc<str> = Arc::from(harness::unique("token").as_str());
+    let key = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "tok");
+    let mut c = raw(url).await;
+    assert!(store.issue(&key, Duration::from_secs(30)).await.unwrap());
+    assert!(!store.issue(&key, Duration::from_secs(30)).await.unwrap());
+    let a = ClaimRequest::new(ClaimKind::Token, Owner::next(), Duration::from_secs(120));
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let name = store.record_name(&key);
+    let pttl: i64 = c.pttl(&name).await.unwrap();
+    assert!(
+        pttl > 30_000,
+        "a claim keeps the record for its lease: {pttl}"
+    );
+    assert!(store.release(&key, a.owner).await.unwrap());
+    let state: Option<String> = c.hget(&name, "s").await.unwrap();
+    assert_eq!(state.as_deref(), Some("i"));
+    let pttl: i64 = c.pttl(&name).await.unwrap();
+    assert!(
+        pttl > 0 && pttl <= 30_000,
+        "back to the token's own ttl: {pttl}"
+    );
+
+    let b = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(200));
+    assert!(matches!(
+        store.claim(&key, &b).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let dedup_probe = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(200));
+    assert!(matches!(
+        store.claim(&key, &dedup_probe).await.unwrap(),
+        ClaimOutcome::Busy { .. }
+    ));
+    tokio::time::sleep(ms(600)).await;
+    let c2 = ClaimRequest::new(ClaimKind::Token, Owner::next(), Duration::from_secs(5));
+    assert!(matches!(
+        store.claim(&key, &c2).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    assert!(
+        !store
+            .complete(&key, b.owner, Bytes::from_static(b"x"), ms(1000))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(&key, c2.owner, Bytes::from_static(b"y"), ms(5000))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(100))).await.unwrap(),
+        ClaimOutcome::Completed { value, .. } if value == Bytes::from_static(b"y")
+    ));
+    let unknown = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "never-issued");
+    assert_eq!(
+        store.claim(&unknown, &c2).await.unwrap(),
+        ClaimOutcome::Missing
+    );
+}
+
+/// Fences keep increasing after the counter is deleted (it restarts from the clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_survive_a_lost_counter() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let idem = idem_on(store.clone(), "fence");
+    let key = idem.key(&LOCK, format_args!("f"));
+    let mut c = raw(url).await;
+    let mut last = 0;
+    for round in 0..4 {
+        let req = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(5000));
+        let ClaimOutcome::Claimed { fence } = store.claim(&key, &req).await.unwrap() else {
+            panic!("lock not acquired")
+        };
+        assert!(fence > last, "round {round}: {fence} after {last}");
+        last = fence;
+        assert!(store.release(&key, req.owner).await.unwrap());
+        if round == 1 {
+            let _: () = c
+                .del(format!("{}:fence", store.record_name(&key)))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Two stores (as two processes would) racing on the same keys: each key's body runs
+/// once and every caller of both stores gets its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_race_on_one_key() {
+    let url = harness::shared_url();
+    let ns = harness::unique("race");
+    let a = Idem::builder()
+        .store(RedisStore::connect(url).unwrap())
+        .namespace(ns.clone())
+        .build();
+    let b = Idem::builder()
+        .store(RedisStore::builder().connections(1).connect(url).unwrap())
+        .namespace(ns)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..100u64 {
+        let idem = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(async move {
+            idem.dedup(&DEDUP, "one", async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(ms(50)).await;
+                Ok::<_, Error>(i)
+            })
+            .await
+        }));
+    }
+    let mut values = Vec::new();
+    for t in tasks {
+        values.push(t.await.unwrap().unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(values.windows(2).all(|w| w[0] == w[1]), "{values:?}");
+}
+
+/// A server that does not answer (blackholed) or is not there gives `Error::Store`,
+/// and the body never runs without a claim. When it answers again, the same store works
+/// without being rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_or_absent_server_is_a_store_error_then_recovers() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let store = RedisStore::builder()
+        .timeout(ms(300))
+        .connect(&proxy.url())
+        .unwrap();
+    let idem = idem_on(store, "hung");
+    let runs = AtomicUsize::new(0);
+    let body = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Error>(1u8)
+    };
+    let ok: u8 = idem.dedup(&DEDUP, "a", body()).await.unwrap();
+    assert_eq!(ok, 1);
+
+    proxy.blackhole();
+    for k in ["b", "c", "d"] {
+        let r: Result<u8, Error> = idem.dedup(&DEDUP, k, body()).await;
+        assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a body ran without a claim");
+
+    proxy.pass();
+    proxy.cut_all();
+    // A claim whose reply was lost to the cut may have been applied: its key then stays
+    // claimed until its lease ends (never run twice), so every attempt uses a new key.
+    static NOWAIT: Options = Options::dedup("redis_store::dedup").wait(Duration::ZERO);
+    let mut recovered = false;
+    for attempt in 0..50 {
+        match idem
+            .dedup(&NOWAIT, format_args!("e{attempt}"), body())
+            .await
+        {
+            Ok(1) => {
+                recovered = true;
+                break;
+            }
+            Ok(v) => panic!("unexpected {v}"),
+            Err(Error::Store(_) | Error::InProgress { .. }) => tokio::time::sleep(ms(100)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        recovered,
+        "the store did not recover after the server answered again"
+    );
+
+    // Nothing listening at all.
+    let nowhere = RedisStore::builder()
+        .timeout(ms(300))
+        .connect(&format!("redis://127.0.0.1:{}", harness::free_port(false)))
+        .unwrap();
+    let idem = idem_on(nowhere, "absent");
+    let r: Result<u8, Error> = idem.dedup(&DEDUP, "x", body()).await;
+    assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Malformed URLs fail at once; a TLS URL without the `tls` feature says so.
+#[test]
+fn bad_urls_are_config_errors() {
+    for url in ["", "http://x", "redis://[::1", "redis://host:notaport"] {
+        assert!(
+            matches!(RedisStore::connect(url), Err(Error::Config(_))),
+            "{url:?}"
+        );
+    }
+    // Password and db index are accepted from the URL.
+    assert!(RedisStore::connect("redis://user:secret@127.0.0.1:6379/3").is_ok());
+}
