@@ -60,8 +60,16 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisStore;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+pub use store::sql::SqlStore;
 pub use store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
 pub use strategy::lock::fence;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 /// What the `#[idempotent]` expansion refers to. Not a public API: it may change in any
 /// release.
