@@ -22,6 +22,9 @@ use bytes::Bytes;
 use crate::{Error, Fingerprint, Key};
 
 pub mod memory;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+pub mod sql;
 mod url;
 pub use url::connect;
 #[cfg(feature = "redis")]

@@ -1,0 +1,312 @@
+//! SQLite statements.
+//!
+//! SQLite has one writer at a time, so a claim first *reads* the row: a replay or a busy
+//! key is answered without taking the write lock, and readers never queue behind
+//! writers (WAL). Only an absent or takeable key goes on to the one-statement
+//! `INSERT … ON CONFLICT DO UPDATE … WHERE <takeable> RETURNING`, which re-checks the row
+//! under the write lock; if it returns nothing, another claimer won in between and the
+//! caller reads again.
+
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{Row, SqlSafeStr};
+
+use super::{
+    FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes,
+    sql_err, us,
+};
+use crate::store::{ClaimKind, ClaimRequest, Owner};
+use crate::{Error, Key};
+
+/// Microseconds since the epoch. SQLite's `'now'` is fixed for one statement step, so
+/// every mention in a statement agrees; `julianday` keeps the clock's milliseconds.
+macro_rules! now {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    };
+}
+
+pub(super) fn migrator() -> Migrator {
+    let mut m = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "idem records".into(),
+        MigrationType::Simple,
+        include_str!("sqlite_v1.sql").into_sql_str(),
+        false,
+    )]);
+    m.dangerous_set_table_name("_idem_migrations");
+    m.set_ignore_missing(true);
+    m
+}
+
+pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
+    // SQLite has no advisory lock: two processes opening a new file together may both
+    // try to apply version 1. The DDL is `IF NOT EXISTS` and the loser's bookkeeping
+    // insert fails on the version's primary key; the next attempt sees it applied.
+    let mut last = None;
+    for _ in 0..3 {
+        match migrator().run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(Error::store(format!(
+        "creating idem's table in SQLite failed: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}
+
+const SELECT: &str = concat!(
+    "SELECT owner, state, fence, fingerprint, value, expires_us - ",
+    now!(),
+    " AS remaining_us, lease_us - ",
+    now!(),
+    " AS lease_left_us FROM idem_records WHERE id = ?"
+);
+
+const CLAIM: &str = concat!(
+    "INSERT INTO idem_records
+    (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
+     expires_us, lease_us, token_expires_us)
+VALUES (?1, ?2, ?3, ?4, 2, ?5, ",
+    now!(),
+    ", ?6, NULL, ",
+    now!(),
+    " + ?7, ",
+    now!(),
+    " + ?7, NULL)
+ON CONFLICT (id) DO UPDATE SET
+    namespace = excluded.namespace, scope = excluded.scope, kind = excluded.kind,
+    state = 2, owner = excluded.owner, fence = MAX(fence + 1, excluded.fence),
+    fingerprint = excluded.fingerprint, value = NULL,
+    expires_us = excluded.expires_us, lease_us = excluded.lease_us, token_expires_us = NULL
+WHERE state = 0 OR expires_us <= excluded.fence
+RETURNING fence"
+);
+
+const CLAIM_TOKEN: &str = concat!(
+    "UPDATE idem_records SET
+    state = 2, owner = ?2, fingerprint = ?3, lease_us = ",
+    now!(),
+    " + ?4,
+    token_expires_us = COALESCE(token_expires_us, expires_us),
+    expires_us = MAX(COALESCE(token_expires_us, expires_us), ",
+    now!(),
+    " + ?4)
+WHERE id = ?1 AND expires_us > ",
+    now!(),
+    " AND (state = 1 OR (state = 2 AND lease_us <= ",
+    now!(),
+    "))
+RETURNING fence"
+);
+
+fn snapshot(key: &Key, row: &SqliteRow) -> Result<Snapshot, Error> {
+    let get = || -> Result<Snapshot, sqlx::Error> {
+        Ok(Snapshot {
+            claimed: false,
+            state: row.try_get("state")?,
+            fence: row.try_get("fence")?,
+            fingerprint: row.try_get("fingerprint")?,
+            value: row.try_get("value")?,
+            remaining_us: row.try_get("remaining_us")?,
+            lease_left_us: row.try_get("lease_left_us")?,
+        })
+    };
+    get().map_err(|e| sql_err(Some(key), e))
+}
+
+async fn read(conn: &mut SqliteConnection, key: &Key) -> Result<Option<Snapshot>, Error> {
+    let row = sqlx::query(SELECT)
+        .bind(&key.digest()[..])
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    row.map(|r| snapshot(key, &r)).transpose()
+}
+
+/// Whether a row, as read, may be taken by a claim of `kind` (the SQL `WHERE` below).
+fn takeable(kind: ClaimKind, s: &Snapshot) -> bool {
+    let live = s.remaining_us > 0;
+    match kind {
+        ClaimKind::Token => {
+            live && (s.state == ISSUED
+                || (s.state == IN_PROGRESS && s.lease_left_us.is_some_and(|l| l <= 0)))
+        }
+        _ => s.state == FREE || !live,
+    }
+}
+
+pub(super) async fn claim(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    req: &ClaimRequest,
+) -> Result<Option<Snapshot>, Error> {
+    let seen = read(conn, key).await?;
+    match &seen {
+        Some(s) if !takeable(req.kind, s) => return Ok(seen),
+        None if req.kind == ClaimKind::Token => return Ok(None),
+        _ => {}
+    }
+    let owner = owner_bytes(req.owner);
+    let fp = req.fingerprint.as_ref().map(|f| &f.0[..]);
+    let q = if req.kind == ClaimKind::Token {
+        sqlx::query(CLAIM_TOKEN)
+            .bind(&key.digest()[..])
+            .bind(&owner[..])
+            .bind(fp)
+            .bind(us(req.lease))
+    } else {
+        sqlx::query(CLAIM)
+            .bind(&key.digest()[..])
+            .bind(key.namespace())
+            .bind(key.scope())
+            .bind(kind_code(req.kind))
+            .bind(&owner[..])
+            .bind(fp)
+            .bind(us(req.lease))
+    };
+    let row = q
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    match row {
+        Some(r) => Ok(Some(Snapshot {
+            claimed: true,
+            fence: r.try_get("fence").map_err(|e| sql_err(Some(key), e))?,
+            ..Snapshot::default()
+        })),
+        // Lost a race after the read: read again (the caller decides from it).
+        None => read(conn, key).await,
+    }
+}
+
+const COMPLETE: &str = concat!(
+    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, expires_us = ",
+    now!(),
+    " + ?4 WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ",
+    now!()
+);
+
+pub(super) async fn complete(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    owner: Owner,
+    value: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(COMPLETE)
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .bind(value)
+        .bind(us(ttl))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const RELEASE: &str = concat!(
+    "UPDATE idem_records SET
+    state = CASE WHEN token_expires_us > ",
+    now!(),
+    " THEN 1 ELSE 0 END,
+    expires_us = CASE WHEN token_expires_us > ",
+    now!(),
+    " THEN token_expires_us WHEN kind = 1 THEN ",
+    now!(),
+    " + ?3 ELSE ",
+    now!(),
+    " END,
+    owner = NULL, fingerprint = NULL, lease_us = NULL
+WHERE id = ?1 AND state = 2 AND owner = ?2 AND expires_us > ",
+    now!()
+);
+
+pub(super) async fn release(pool: &SqlitePool, key: &Key, owner: Owner) -> Result<bool, Error> {
+    let r = sqlx::query(RELEASE)
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .bind(us(LOCK_RETENTION))
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const RENEW: &str = concat!(
+    "UPDATE idem_records SET
+    lease_us = ",
+    now!(),
+    " + ?3,
+    expires_us = MAX(COALESCE(token_expires_us, 0), ",
+    now!(),
+    " + ?3)
+WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ",
+    now!()
+);
+
+pub(super) async fn renew(
+    pool: &SqlitePool,
+    key: &Key,
+    owner: Owner,
+    lease: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(RENEW)
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .bind(us(lease))
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const ISSUE: &str = concat!(
+    "INSERT INTO idem_records
+    (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
+     expires_us, lease_us, token_expires_us)
+VALUES (?1, ?2, ?3, ?4, 1, NULL, 0, NULL, NULL, ",
+    now!(),
+    " + ?5, NULL, ",
+    now!(),
+    " + ?5)
+ON CONFLICT (id) DO UPDATE SET
+    namespace = excluded.namespace, scope = excluded.scope, kind = excluded.kind,
+    state = 1, owner = NULL, fingerprint = NULL, value = NULL,
+    expires_us = excluded.expires_us, lease_us = NULL,
+    token_expires_us = excluded.token_expires_us
+WHERE state = 0 OR expires_us <= ",
+    now!()
+);
+
+pub(super) async fn issue(pool: &SqlitePool, key: &Key, ttl: Duration) -> Result<bool, Error> {
+    let r = sqlx::query(ISSUE)
+        .bind(&key.digest()[..])
+        .bind(key.namespace())
+        .bind(key.scope())
+        .bind(KIND_TOKEN)
+        .bind(us(ttl))
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const PURGE: &str = concat!(
+    "DELETE FROM idem_records WHERE id IN (
+    SELECT id FROM idem_records WHERE expires_us <= ",
+    now!(),
+    " ORDER BY expires_us LIMIT ?1)"
+);
+
+pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
+    let r = sqlx::query(PURGE)
+        .bind(batch)
+        .execute(pool)
+        .await
+        .map_err(Error::store)?;
+    Ok(r.rows_affected())
+}
