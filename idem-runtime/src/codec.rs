@@ -1,7 +1,7 @@
 //! What a completed record stores, and how it is read back.
 //!
 //! Stored bytes are an envelope: `b'i'`, a layout version, a tag (ok, err, or a bare
-//! marker when nothing is replayed), a CRC-32 of the payload, then the payload as JSON.
+//! marker when nothing is replayed), a CRC-32 of all of it, then the payload as JSON.
 //! The checksum means bytes damaged or overwritten in the store are reported as
 //! [`Error::Corrupt`] and never replayed as if they were a result. JSON keeps records
 //! readable and tolerant of added optional fields across deployments.
@@ -65,9 +65,9 @@ impl<T: Serialize + DeserializeOwned, E> Codec<T, E> for ReplayOk {
         let (tag, payload) = open(key, bytes)?;
         match tag {
             TAG_OK => Ok(Ok(from_json(key, payload)?)),
-            TAG_MARK_OK | TAG_MARK_ERR => Err(Error::Duplicate { key: key.clone() }),
+            TAG_MARK_OK | TAG_MARK_ERR => Err(Error::Duplicate { key: *key }),
             _ => Err(Error::Codec {
-                key: key.clone(),
+                key: *key,
                 message: "the record holds an error result, which this function does not \
                           replay (was cache_err removed?)"
                     .into(),
@@ -90,7 +90,7 @@ impl<T: Serialize + DeserializeOwned, E: Serialize + DeserializeOwned> Codec<T, 
         match tag {
             TAG_OK => Ok(Ok(from_json(key, payload)?)),
             TAG_ERR => Ok(Err(from_json(key, payload)?)),
-            _ => Err(Error::Duplicate { key: key.clone() }),
+            _ => Err(Error::Duplicate { key: *key }),
         }
     }
 }
@@ -104,7 +104,7 @@ impl<T, E> Codec<T, E> for NoReplay {
     }
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
         open(key, bytes)?;
-        Err(Error::Duplicate { key: key.clone() })
+        Err(Error::Duplicate { key: *key })
     }
 }
 
@@ -119,7 +119,7 @@ impl<T, E> Codec<T, E> for NoReplayResult {
     }
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
         open(key, bytes)?;
-        Err(Error::Duplicate { key: key.clone() })
+        Err(Error::Duplicate { key: *key })
     }
 }
 
@@ -127,11 +127,11 @@ fn seal<V: Serialize + ?Sized>(key: &Key, tag: u8, value: &V) -> Result<Bytes, E
     let mut buf = BytesMut::with_capacity(64).writer();
     buf.get_mut().put_slice(&[MAGIC, VERSION, tag, 0, 0, 0, 0]);
     serde_json::to_writer(&mut buf, value).map_err(|e| Error::Codec {
-        key: key.clone(),
+        key: *key,
         message: e.to_string(),
     })?;
     let mut buf = buf.into_inner();
-    let crc = crc32fast::hash(&buf[HEADER..]);
+    let crc = checksum(&buf[..3], &buf[HEADER..]);
     buf[3..HEADER].copy_from_slice(&crc.to_le_bytes());
     Ok(buf.freeze())
 }
@@ -144,7 +144,7 @@ fn marker(key: &Key, tag: u8) -> Bytes {
 /// Checks the envelope and returns its tag and payload.
 pub(crate) fn open<'b>(key: &Key, bytes: &'b [u8]) -> Result<(u8, &'b [u8]), Error> {
     let corrupt = |reason: &str| Error::Corrupt {
-        key: key.clone(),
+        key: *key,
         reason: reason.to_owned(),
     };
     if bytes.len() < HEADER || bytes[0] != MAGIC {
@@ -159,15 +159,24 @@ pub(crate) fn open<'b>(key: &Key, bytes: &'b [u8]) -> Result<(u8, &'b [u8]), Err
     }
     let stored = u32::from_le_bytes([bytes[3], bytes[4], bytes[5], bytes[6]]);
     let payload = &bytes[HEADER..];
-    if crc32fast::hash(payload) != stored {
+    if checksum(&bytes[..3], payload) != stored {
         return Err(corrupt("checksum mismatch"));
     }
     Ok((tag, payload))
 }
 
+/// CRC-32 of the magic, version and tag bytes and the payload: a damaged tag must not
+/// turn a stored value into a marker (or back), so the header is covered too.
+fn checksum(head: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(head);
+    h.update(payload);
+    h.finalize()
+}
+
 fn from_json<V: DeserializeOwned>(key: &Key, payload: &[u8]) -> Result<V, Error> {
     serde_json::from_slice(payload).map_err(|e| Error::Codec {
-        key: key.clone(),
+        key: *key,
         message: format!("stored value does not fit the function's type: {e}"),
     })
 }

@@ -1,7 +1,8 @@
 //! Record identity: namespace, function and a digest of the rendered key.
 
+use std::collections::HashSet;
 use std::fmt::{self, Write as _};
-use std::sync::Arc;
+use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -10,6 +11,9 @@ use crate::Error;
 /// The scope under which tokens live: a token is valid for every token-strategy function
 /// of its namespace, so its record does not name a function.
 pub const TOKEN_SCOPE: &str = "token";
+
+/// Longest input digested in one call from the stack; longer keys stream into a hasher.
+const INLINE: usize = 192;
 
 /// The identity of one record in a store.
 ///
@@ -20,55 +24,45 @@ pub const TOKEN_SCOPE: &str = "token";
 /// steered into collisions by whoever controls the key's text (a client-sent
 /// idempotency key, say), so one caller can never be replayed another caller's result.
 ///
-/// Cheap to clone. `Display` prints `namespace/scope#<first 16 hex digits>`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// `Copy`: namespaces are interned once per distinct name (see [`intern`]), so a key is
+/// two static strings and 16 bytes, and passing one around touches no shared counter.
+/// `Display` prints `namespace/scope#<first 16 hex digits>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
-    namespace: Arc<str>,
+    namespace: &'static str,
     scope: &'static str,
     digest: [u8; 16],
 }
 
 impl Key {
     /// Renders `key` (usually `format_args!(...)`) straight into the digest, without
-    /// building the string.
-    pub fn new(namespace: &Arc<str>, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
-        let mut w = HashWriter(Self::hasher(namespace, scope));
-        // Writing into a hasher cannot fail; a `Display` impl that returns `Err` only
+    /// allocating the string. `namespace` must be interned (see [`intern`]).
+    pub fn new(namespace: &'static str, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
+        let mut w = DigestWriter::new(namespace, scope);
+        // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
         // truncates what it contributed, which still yields a deterministic digest.
         let _ = w.write_fmt(key);
-        Self::finish(namespace, scope, w.0)
-    }
-
-    /// The key for an already rendered string.
-    pub fn from_str(namespace: &Arc<str>, scope: &'static str, key: &str) -> Key {
-        let mut h = Self::hasher(namespace, scope);
-        h.update(key.as_bytes());
-        Self::finish(namespace, scope, h)
-    }
-
-    fn hasher(namespace: &str, scope: &str) -> blake3::Hasher {
-        let mut h = blake3::Hasher::new();
-        // Length prefixes keep ("a:b", "c") and ("a", "b:c") apart.
-        h.update(&(namespace.len() as u64).to_le_bytes());
-        h.update(namespace.as_bytes());
-        h.update(&(scope.len() as u64).to_le_bytes());
-        h.update(scope.as_bytes());
-        h
-    }
-
-    fn finish(namespace: &Arc<str>, scope: &'static str, h: blake3::Hasher) -> Key {
-        let mut digest = [0u8; 16];
-        h.finalize_xof().fill(&mut digest);
         Key {
-            namespace: namespace.clone(),
+            namespace,
             scope,
-            digest,
+            digest: w.finish(),
+        }
+    }
+
+    /// The key for an already rendered string, in any namespace (interned on first use).
+    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
+        let mut w = DigestWriter::new(namespace, scope);
+        w.push(key.as_bytes());
+        Key {
+            namespace: intern(namespace),
+            scope,
+            digest: w.finish(),
         }
     }
 
     /// The namespace of the runtime that made the key.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
+    pub fn namespace(&self) -> &'static str {
+        self.namespace
     }
 
     /// The function path, or [`TOKEN_SCOPE`] for tokens.
@@ -96,7 +90,7 @@ impl Key {
         let mut s =
             String::with_capacity(prefix.len() + self.namespace.len() + self.scope.len() + 34);
         s.push_str(prefix);
-        s.push_str(&self.namespace);
+        s.push_str(self.namespace);
         s.push(':');
         s.push_str(self.scope);
         s.push(':');
@@ -123,14 +117,80 @@ impl fmt::Debug for Key {
     }
 }
 
-struct HashWriter(blake3::Hasher);
+/// Returns a `'static` copy of `namespace`, the same one for equal strings. A process
+/// has a handful of namespaces, each leaked once; keys then carry no reference counts.
+pub fn intern(namespace: &str) -> &'static str {
+    static INTERNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut set = INTERNED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = set.get(namespace) {
+        return s;
+    }
+    let s: &'static str = Box::leak(namespace.to_owned().into_boxed_str());
+    set.insert(s);
+    s
+}
 
-impl fmt::Write for HashWriter {
+/// Feeds the digest: small inputs collect in a stack buffer and are hashed in one call
+/// (BLAKE3's fastest path, with no 2 KiB hasher state to set up); larger ones stream
+/// into a hasher. Both give the same digest for the same bytes.
+struct DigestWriter {
+    buf: [u8; INLINE],
+    len: usize,
+    spill: Option<blake3::Hasher>,
+}
+
+impl DigestWriter {
+    fn new(namespace: &str, scope: &str) -> Self {
+        let mut w = DigestWriter {
+            buf: [0; INLINE],
+            len: 0,
+            spill: None,
+        };
+        // Length prefixes keep ("a:b", "c") and ("a", "b:c") apart.
+        w.push(&(namespace.len() as u64).to_le_bytes());
+        w.push(namespace.as_bytes());
+        w.push(&(scope.len() as u64).to_le_bytes());
+        w.push(scope.as_bytes());
+        w
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if let Some(h) = self.spill.as_mut() {
+            h.update(bytes);
+        } else if self.len + bytes.len() <= INLINE {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else {
+            let mut h = blake3::Hasher::new();
+            h.update(&self.buf[..self.len]);
+            h.update(bytes);
+            self.spill = Some(h);
+        }
+    }
+
+    fn finish(&self) -> [u8; 16] {
+        let hash = match &self.spill {
+            Some(h) => h.finalize(),
+            None => blake3::hash(&self.buf[..self.len]),
+        };
+        let mut digest = [0u8; 16];
+        digest.copy_from_slice(&hash.as_bytes()[..16]);
+        digest
+    }
+}
+
+impl fmt::Write for DigestWriter {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.update(s.as_bytes());
+        self.push(s.as_bytes());
         Ok(())
     }
 }
+
+/// Streams serialized arguments into a hasher.
+struct HashWriter(blake3::Hasher);
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

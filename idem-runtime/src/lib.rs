@@ -53,7 +53,7 @@ pub mod testing;
 pub use codec::{Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
 pub use idem_macros::idempotent;
-pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE};
+pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
 pub use store::memory::MemoryStore;
@@ -78,7 +78,12 @@ pub mod __private {
     pub use crate::codec::{NoReplay, NoReplayResult, ReplayOk, ReplayResult};
     pub use crate::key::FingerprintBuilder;
     pub use crate::options::{OnDuplicate, Options};
-    pub use crate::runtime::current;
+    pub use crate::runtime::Current;
+
+    /// The runtime a call under `#[idempotent]` uses.
+    pub fn current() -> Current {
+        Current::get()
+    }
     pub use crate::runtime::private::{dedup, lock, token};
     pub use std::time::Duration;
 

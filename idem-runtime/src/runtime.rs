@@ -38,7 +38,7 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
-    namespace: Arc<str>,
+    namespace: &'static str,
     lease_lost: AtomicU64,
     store_failures: AtomicU64,
 }
@@ -97,7 +97,7 @@ impl Builder {
         Idem {
             inner: Arc::new(Inner {
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                namespace: Arc::from(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
+                namespace: crate::key::intern(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
             }),
@@ -139,21 +139,46 @@ pub fn init(idem: Idem) -> Result<(), Error> {
 /// The current runtime: the enclosing [`Idem::scope`], else [`init`]'s, else the
 /// process-wide default on a [`MemoryStore`].
 pub fn current() -> Idem {
-    if let Ok(idem) = SCOPED.try_with(Idem::clone) {
-        return idem;
+    Current::get().clone()
+}
+
+/// The current runtime, borrowed when it is process-wide: the hot path of every call
+/// under `#[idempotent]` then touches no shared reference count.
+#[doc(hidden)]
+pub enum Current {
+    /// [`init`]'s runtime or the fallback.
+    Static(&'static Idem),
+    /// A scoped runtime.
+    Scoped(Idem),
+}
+
+impl std::ops::Deref for Current {
+    type Target = Idem;
+    fn deref(&self) -> &Idem {
+        match self {
+            Current::Static(idem) => idem,
+            Current::Scoped(idem) => idem,
+        }
     }
-    if let Some(idem) = GLOBAL.get() {
-        return idem.clone();
-    }
-    FALLBACK
-        .get_or_init(|| {
+}
+
+impl Current {
+    /// Resolves the current runtime.
+    pub fn get() -> Current {
+        if let Ok(idem) = SCOPED.try_with(Idem::clone) {
+            return Current::Scoped(idem);
+        }
+        if let Some(idem) = GLOBAL.get() {
+            return Current::Static(idem);
+        }
+        Current::Static(FALLBACK.get_or_init(|| {
             tracing::warn!(
                 "idem: no runtime configured (idem_runtime::init or Idem::scope); \
                  using an in-process MemoryStore, which does not deduplicate across processes"
             );
             Idem::builder().build()
-        })
-        .clone()
+        }))
+    }
 }
 
 /// Issues a one-time token on the current runtime; see [`Idem::issue_token`].
@@ -173,12 +198,8 @@ impl Idem {
     }
 
     /// The namespace.
-    pub fn namespace(&self) -> &str {
-        &self.inner.namespace
-    }
-
-    pub(crate) fn namespace_arc(&self) -> &Arc<str> {
-        &self.inner.namespace
+    pub fn namespace(&self) -> &'static str {
+        self.inner.namespace
     }
 
     /// Counters of rare events (lost leases, unrecorded results).
@@ -199,7 +220,7 @@ impl Idem {
     /// The record key for `key` rendered under `opts` in this runtime's namespace.
     /// Nothing is allocated for the rendering: it streams into the digest.
     pub fn key(&self, opts: &Options, key: fmt::Arguments<'_>) -> Key {
-        Key::new(&self.inner.namespace, opts.scope(), key)
+        Key::new(self.inner.namespace, opts.scope(), key)
     }
 
     /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
@@ -278,7 +299,7 @@ impl Idem {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let key = Key::from_str(&self.inner.namespace, crate::key::TOKEN_SCOPE, token);
+        let key = Key::from_str(self.inner.namespace, crate::key::TOKEN_SCOPE, token);
         dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, body).await
     }
 
@@ -302,45 +323,51 @@ impl Idem {
 pub(crate) mod private {
     use super::*;
 
-    /// Dedup, as expanded from the attribute.
-    pub async fn dedup<C, T, E, F>(
-        rt: Idem,
+    /// Dedup, as expanded from the attribute. Returns the strategy's future itself, so the
+    /// expansion awaits one future, not a wrapper around it.
+    pub fn dedup<C, T, E, F>(
+        rt: Current,
         opts: &'static Options,
         key: Key,
         fp: Option<Fingerprint>,
         body: F,
-    ) -> Result<T, E>
+    ) -> impl Future<Output = Result<T, E>>
     where
         C: Codec<T, E>,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
         debug_assert_eq!(opts.strategy, Strategy::Dedup);
-        dedup::run::<C, T, E, F>(&rt, opts, ClaimKind::Dedup, key, fp, body).await
+        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, body)
     }
 
     /// Token consumption, as expanded from the attribute.
-    pub async fn token<C, T, E, F>(
-        rt: Idem,
+    pub fn token<C, T, E, F>(
+        rt: Current,
         opts: &'static Options,
         key: Key,
         fp: Option<Fingerprint>,
         body: F,
-    ) -> Result<T, E>
+    ) -> impl Future<Output = Result<T, E>>
     where
         C: Codec<T, E>,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        dedup::run::<C, T, E, F>(&rt, opts, ClaimKind::Token, key, fp, body).await
+        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, body)
     }
 
     /// Lock, as expanded from the attribute.
-    pub async fn lock<T, E, F>(rt: Idem, opts: &'static Options, key: Key, body: F) -> Result<T, E>
+    pub fn lock<T, E, F>(
+        rt: Current,
+        opts: &'static Options,
+        key: Key,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
     where
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        lock::run(&rt, opts, key, body).await
+        lock::run(rt, opts, key, body)
     }
 }

@@ -30,7 +30,8 @@ use crate::Error;
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
     let scheme = url.split_once(':').map_or(url, |(s, _)| s);
-    let missing = |feature: &str| {
+    #[allow(unused_variables)]
+    let missing = |feature: &str| -> Result<Arc<dyn Store>, Error> {
         Err(Error::Config(format!(
             "{scheme}:// needs idem-runtime's `{feature}` feature"
         )))

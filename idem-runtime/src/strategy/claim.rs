@@ -2,7 +2,7 @@
 //! the body runs, and give the claim back if the call is dropped.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -16,32 +16,47 @@ use crate::{Error, Fingerprint, Key};
 const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
-/// Claims `key`, waiting up to `wait` while another owner holds it.
+/// Claims `key`: one claim, and only if another owner holds the key, the waiting loop.
 ///
-/// Returns the first outcome that is not `Busy`, or `Ok(None)` when `wait` ran out.
-/// A busy key is re-checked after subscribing to its changes, so a completion between
-/// the claim and the subscription is not missed; then the caller sleeps until the
-/// subscription fires, the holder's lease ends, or the deadline passes, whichever is first.
-pub(crate) async fn claim_waiting(
+/// Returns the first outcome that is not `Busy`, or `Ok(None)` when `wait` ran out. The
+/// waiting loop is boxed: it holds timers and subscriptions that the uncontended path
+/// (a new key, a replay) never needs, and keeping them out of the caller's future keeps
+/// that future small and cheap to move.
+pub(crate) async fn claim(
     store: &dyn Store,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
 ) -> Result<Option<ClaimOutcome>, Error> {
-    let mut deadline: Option<Instant> = None;
+    match store.claim(key, req).await? {
+        ClaimOutcome::Busy {
+            retry_in,
+            fingerprint,
+        } => Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await,
+        other => Ok(Some(other)),
+    }
+}
+
+/// Waits up to `wait` while another owner holds `key`, claiming again whenever it may
+/// have changed. `retry_in` and `fingerprint` are from the `Busy` answer just received.
+///
+/// A busy key is re-checked after subscribing to its changes, so a completion between
+/// the claim and the subscription is not missed; then the caller sleeps until the
+/// subscription fires, the holder's lease ends, or the deadline passes, whichever is first.
+async fn wait_busy(
+    store: &dyn Store,
+    key: &Key,
+    req: &ClaimRequest,
+    wait: Duration,
+    mut retry_in: Duration,
+    mut fingerprint: Option<Fingerprint>,
+) -> Result<Option<ClaimOutcome>, Error> {
+    let deadline = Instant::now() + wait;
     let mut sub: Option<Subscription> = None;
     let mut poll = POLL_MIN;
     loop {
-        let (retry_in, fingerprint) = match store.claim(key, req).await? {
-            ClaimOutcome::Busy {
-                retry_in,
-                fingerprint,
-            } => (retry_in, fingerprint),
-            other => return Ok(Some(other)),
-        };
         check_fingerprint(key, req.fingerprint, fingerprint)?;
         let now = Instant::now();
-        let deadline = *deadline.get_or_insert(now + wait);
         if now >= deadline {
             return Ok(None);
         }
@@ -52,24 +67,32 @@ pub(crate) async fn claim_waiting(
                     tracing::debug!(%key, error = %e, "subscribe failed; polling instead");
                     Subscription::never()
                 });
-                if !s.is_never() {
+                if s.is_never() {
+                    s
+                } else {
                     // Subscribed: look again before sleeping, the twin may have just ended.
                     sub = Some(s);
+                    (retry_in, fingerprint) = match store.claim(key, req).await? {
+                        ClaimOutcome::Busy {
+                            retry_in,
+                            fingerprint,
+                        } => (retry_in, fingerprint),
+                        other => return Ok(Some(other)),
+                    };
                     continue;
                 }
-                s
             }
         };
         // Wake at the latest when the holder's lease ends, so a crashed holder is taken
         // over promptly; a store without notifications is polled with backoff.
-        let nap = if s.is_never() {
+        let never = s.is_never();
+        let nap = if never {
             poll = (poll * 2).min(POLL_MAX);
             poll.min(retry_in + Duration::from_millis(1))
         } else {
             retry_in + Duration::from_millis(1)
         };
         let until = (now + nap).min(deadline);
-        let never = s.is_never();
         tokio::select! {
             _ = s.changed() => {}
             _ = sleep_until(until) => {}
@@ -77,6 +100,13 @@ pub(crate) async fn claim_waiting(
         if never {
             sub = Some(Subscription::never());
         }
+        (retry_in, fingerprint) = match store.claim(key, req).await? {
+            ClaimOutcome::Busy {
+                retry_in,
+                fingerprint,
+            } => (retry_in, fingerprint),
+            other => return Ok(Some(other)),
+        };
     }
 }
 
@@ -88,7 +118,7 @@ pub(crate) fn check_fingerprint(
     theirs: Option<Fingerprint>,
 ) -> Result<(), Error> {
     match (ours, theirs) {
-        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: key.clone() }),
+        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
         _ => Ok(()),
     }
 }
@@ -125,7 +155,7 @@ impl Drop for ClaimGuard {
             return;
         }
         let store = self.store.clone();
-        let key = self.key.clone();
+        let key = self.key;
         let owner = self.owner;
         let mut release: BoxFuture<'static, ()> = Box::pin(async move {
             if let Err(e) = store.release(&key, owner).await {
@@ -161,9 +191,9 @@ pub(crate) async fn with_heartbeat<F: Future>(
 ) -> (F::Output, bool) {
     let period = (lease / 3).max(Duration::from_millis(1));
     let mut body = pin!(body);
-    // Created on the first pending poll: a body that is ready at once never touches the
-    // timer wheel.
-    let mut timer = pin!(None::<Sleep>);
+    // Created (and boxed, to keep this future small) on the first pending poll: a body
+    // that is ready at once never touches the timer wheel.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     let mut renewing: Option<BoxFuture<'_, Result<bool, Error>>> = None;
     let mut lost = false;
     let out = poll_fn(|cx| {
@@ -186,17 +216,15 @@ pub(crate) async fn with_heartbeat<F: Future>(
                     // A store hiccup: keep the body running and try again next period.
                     Err(e) => tracing::warn!(%key, error = %e, "lease renewal failed"),
                 }
-                timer.set(Some(sleep(period)));
+                timer = Some(Box::pin(sleep(period)));
             } else if lost {
                 break;
             } else {
-                if timer.is_none() {
-                    timer.set(Some(sleep(period)));
-                }
                 let fired = timer
+                    .get_or_insert_with(|| Box::pin(sleep(period)))
                     .as_mut()
-                    .as_pin_mut()
-                    .is_some_and(|t| t.poll(cx).is_ready());
+                    .poll(cx)
+                    .is_ready();
                 if !fired {
                     break;
                 }

@@ -5,15 +5,20 @@
 
 use std::future::Future;
 
-use super::claim::{ClaimGuard, check_fingerprint, claim_waiting, with_heartbeat};
+use std::ops::Deref;
+
+use super::claim::{ClaimGuard, check_fingerprint, claim, with_heartbeat};
 use crate::codec::{Codec, NoReplay};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 
 /// Claim, run, then complete (or release on a non-cached `Err`).
+///
+/// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that
+/// entry points can return this future directly instead of wrapping it in another.
 pub(crate) async fn run<C, T, E, F>(
-    idem: &Idem,
+    idem: impl Deref<Target = Idem>,
     opts: &Options,
     kind: ClaimKind,
     key: Key,
@@ -28,7 +33,7 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-    match claim_waiting(&**store, &key, &req, opts.wait).await? {
+    match claim(&**store, &key, &req, opts.wait).await? {
         Some(ClaimOutcome::Claimed { .. }) => {}
         Some(ClaimOutcome::Completed {
             value,
@@ -46,7 +51,7 @@ where
 
     // From here until the record is completed or released, a drop (cancellation or panic)
     // releases the claim.
-    let mut guard = ClaimGuard::new(store.clone(), key.clone(), owner);
+    let mut guard = ClaimGuard::new(store.clone(), key, owner);
     let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
     let encoded = C::encode(&key, &result).or_else(|e| {
         // The body ran and its effect happened, but its value cannot be stored. Record

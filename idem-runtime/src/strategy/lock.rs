@@ -2,7 +2,9 @@
 
 use std::future::Future;
 
-use super::claim::{ClaimGuard, claim_waiting, with_heartbeat};
+use std::ops::Deref;
+
+use super::claim::{ClaimGuard, claim, with_heartbeat};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
 
@@ -33,7 +35,12 @@ pub fn fence() -> Option<u64> {
     FENCE.try_with(|f| *f).ok()
 }
 
-pub(crate) async fn run<T, E, F>(idem: &Idem, opts: &Options, key: Key, body: F) -> Result<T, E>
+pub(crate) async fn run<T, E, F>(
+    idem: impl Deref<Target = Idem>,
+    opts: &Options,
+    key: Key,
+    body: F,
+) -> Result<T, E>
 where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
@@ -41,7 +48,7 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(ClaimKind::Lock, owner, opts.lease);
-    let fence = match claim_waiting(&**store, &key, &req, opts.wait).await? {
+    let fence = match claim(&**store, &key, &req, opts.wait).await? {
         Some(ClaimOutcome::Claimed { fence }) => fence,
         None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::Locked { key }.into()),
         Some(_) => {
@@ -52,7 +59,7 @@ where
             .into());
         }
     };
-    let mut guard = ClaimGuard::new(store.clone(), key.clone(), owner);
+    let mut guard = ClaimGuard::new(store.clone(), key, owner);
     let (result, lost) =
         with_heartbeat(&**store, &key, owner, opts.lease, FENCE.scope(fence, body)).await;
     let released = store.release(&key, owner).await;

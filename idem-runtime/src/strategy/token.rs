@@ -16,7 +16,7 @@ pub(crate) async fn issue(idem: &Idem, ttl: Duration) -> Result<String, Error> {
         for b in raw {
             let _ = write!(token, "{b:02x}");
         }
-        let key = Key::from_str(idem.namespace_arc(), crate::key::TOKEN_SCOPE, &token);
+        let key = Key::from_str(idem.namespace(), crate::key::TOKEN_SCOPE, &token);
         // A collision of 128 random bits does not happen in practice; if the store says
         // the slot is taken anyway, draw again rather than hand out a shared token.
         if idem.store().issue(&key, ttl).await? {

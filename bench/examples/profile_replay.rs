@@ -1,0 +1,61 @@
+//! A fixed workload for instruction-count profiling (deterministic, unlike wall time on a
+//! shared machine):
+//!
+//! `valgrind --tool=callgrind target/release/examples/profile_replay 100000 [new|cached]`
+//!
+//! `new` uses a fresh key per call; `cached` runs the `cached` crate's `#[cached]` hit
+//! path on the same function, for comparison.
+
+use std::hint::black_box;
+
+use idem_runtime::{Error, Idem, MemoryStore, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    order_id: u64,
+    cents: u64,
+    status: String,
+}
+
+#[idempotent(key = "order:{order_id}", ttl = "1h")]
+async fn charge(order_id: u64) -> Result<Receipt, Error> {
+    Ok(Receipt {
+        order_id,
+        cents: order_id % 10_000,
+        status: "paid".to_owned(),
+    })
+}
+
+#[cached::proc_macro::cached]
+async fn charge_cached(order_id: u64) -> Result<Receipt, String> {
+    Ok(Receipt {
+        order_id,
+        cents: order_id % 10_000,
+        status: "paid".to_owned(),
+    })
+}
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100_000);
+    let mode = std::env::args().nth(2).unwrap_or_default();
+    let new_keys = mode == "new";
+    idem_runtime::init(Idem::builder().store(MemoryStore::new()).build()).expect("init");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        for i in 0..n {
+            let id = if new_keys { i } else { 42 };
+            if mode == "cached" {
+                black_box(charge_cached(black_box(42)).await.expect("charge"));
+            } else {
+                black_box(charge(black_box(id)).await.expect("charge"));
+            }
+        }
+    });
+}
