@@ -558,13 +558,13 @@ impl Configuration {
             on_duplicate,
             cache_err: self.cache_err.is_some_and(|a| a.value),
             fingerprint: self.fingerprint.map(|a| a.args).unwrap_or_default(),
-            // A wrong `crate` path is then reported once, at the literal.
+            // A wrong `crate` path is then reported at the literal.
             private: match self.krate {
                 Some(arg) => {
                     let path = arg.path;
-                    quote_spanned!(arg.lit=> #path::__private)
+                    (quote_spanned!(arg.lit=> #path::__private), arg.lit)
                 }
-                None => quote!(::idem_runtime::__private),
+                None => (quote!(::idem_runtime::__private), Span::call_site()),
             },
         }))
     }
@@ -582,8 +582,9 @@ pub(crate) struct Config {
     pub(crate) on_duplicate: Option<OnDuplicate>,
     pub(crate) cache_err: bool,
     pub(crate) fingerprint: Vec<Ident>,
-    /// `::idem_runtime::__private`, or the `crate` option's path to it.
-    pub(crate) private: TokenStream,
+    /// `::idem_runtime::__private`, or the `crate` option's path to it, and the span to
+    /// report it at.
+    pub(crate) private: (TokenStream, Span),
 }
 
 struct Chunk {

@@ -4,7 +4,7 @@
 //! signature, attributes and visibility of the function are kept as written, so call
 //! sites do not change.
 
-use proc_macro2::{Delimiter, Group, Literal, Punct, Spacing, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
@@ -226,7 +226,7 @@ fn check_references(config: &Config, params: &Params, fn_name: &Ident, errors: &
 }
 
 fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
-    let private_path = &config.private;
+    let (private_path, private_span) = &config.private;
     // One `use` names the runtime's private module; every other path goes through it.
     let private = Ident::new("__idem_private", Span::call_site());
     let ItemFn {
@@ -276,6 +276,7 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
     }
 
     let rendered_key = config.key.render();
+    let import = quote_spanned!(*private_span=> use #private_path as #private;);
 
     let fingerprint = if !codec {
         // A lock has no record to compare a fingerprint with (`build` rejects one).
@@ -312,14 +313,20 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
         }
     };
 
-    // Every token of the runtime call is spanned at the user's return type, its first
-    // token at `Result` and its last ones at the closing `>`, so the call covers exactly
-    // `Result<T, E>`. An unmet bound (`T` not serde where it is replayed, `E` without
-    // `From<idem_runtime::Error>`) is then reported once, on the signature: the checks of
-    // the call and of its future share that span, so rustc merges them.
-    let (lo, hi) = first_and_last_span(ret_ty);
-    let private_lo = Ident::new("__idem_private", lo);
-    let head = if codec {
+    // Every token of the runtime call, `.await` included, carries the span of the first
+    // token of the user's return type (`Result`). An unmet bound (`T` not serde where it is
+    // replayed, `E` without `From<idem_runtime::Error>`) is then reported on the signature,
+    // and only once: rustc checks the bounds at the path, the call and the `.await`, and
+    // merges identical errors only when their spans are equal, so all three must be one
+    // span (a range over the whole type would be cut differently by each check).
+    let at = ret_ty
+        .to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |t| t.span());
+    let private_at = Ident::new("__idem_private", at);
+    let constructor_at = Ident::new(&constructor.to_string(), at);
+    let (generics, args) = if codec {
         let codec = Ident::new(
             match (replays, config.cache_err) {
                 (true, false) => "ReplayOk",
@@ -327,27 +334,26 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
                 (false, false) => "NoReplay",
                 (false, true) => "NoReplayResult",
             },
-            hi,
+            at,
         );
-        quote_spanned!(lo=> #private_lo::#constructor::<#private_lo::#codec, _, _, _)
+        (
+            quote_spanned!(at=> <#private_at::#codec, _, _, _>),
+            quote!(#rt, &#options, #key, #fp, #body),
+        )
     } else {
-        quote_spanned!(lo=> #private_lo::lock::<_, _, _)
-    };
-    let args = if codec {
-        quote!(#rt, &#options, #key, #fp, #body)
-    } else {
-        quote!(#rt, &#options, #key, #body)
+        (
+            quote_spanned!(at=> <_, _, _>),
+            quote!(#rt, &#options, #key, #body),
+        )
     };
     let mut args = Group::new(Delimiter::Parenthesis, args);
-    args.set_span(hi);
-    let mut close = Punct::new('>', Spacing::Alone);
-    close.set_span(hi);
-    let call = quote_spanned!(hi=> #head #close #args .await);
+    args.set_span(at);
+    let call = quote_spanned!(at=> #private_at::#constructor_at::#generics #args .await);
 
     quote! {
         #(#attrs)*
         #vis #sig {
-            use #private_path as #private;
+            #import
             static #options: #private::Options = #spec;
             let #rt = #private::current();
             let #key = #rt.key(&#options, #rendered_key);
@@ -355,12 +361,4 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
             #call
         }
     }
-}
-
-/// The spans of a type's first and last tokens: `Result` and `>` in `Result<T, E>`.
-fn first_and_last_span(ty: &Type) -> (Span, Span) {
-    let mut tokens = ty.to_token_stream().into_iter();
-    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
-    let last = tokens.last().map_or(first, |t| t.span());
-    (first, last)
 }
