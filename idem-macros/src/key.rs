@@ -109,6 +109,11 @@ impl Template {
         Ok(Template { lit, pieces })
     }
 
+    /// True if the template is one placeholder and nothing else: `"{token}"`.
+    pub(crate) fn is_single_placeholder(&self) -> bool {
+        matches!(self.pieces.as_slice(), [Piece::Field(_)])
+    }
+
     pub(crate) fn placeholders(&self) -> impl Iterator<Item = &Placeholder> {
         self.pieces.iter().filter_map(|piece| match piece {
             Piece::Field(p) => Some(p),
@@ -208,5 +213,75 @@ impl Placeholder {
             }
         }
         expr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lit(text: &str) -> LitStr {
+        LitStr::new(text, proc_macro2::Span::call_site())
+    }
+
+    fn render(text: &str) -> String {
+        match Template::parse(lit(text)) {
+            Ok(template) => template.render().to_string(),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+
+    #[test]
+    fn renders_text_and_placeholders() {
+        assert_eq!(
+            render("charge:{order.id}"),
+            r#":: core :: format_args ! ("charge:{}" , order . id)"#
+        );
+        assert_eq!(
+            render("{self.name}/{pair.0}/{sku}"),
+            r#":: core :: format_args ! ("{}/{}/{}" , self . name , pair . 0 , sku)"#
+        );
+        assert_eq!(render("nightly"), r#":: core :: format_args ! ("nightly")"#);
+    }
+
+    #[test]
+    fn escaped_braces_stay_literal() {
+        // `{{x}}` is the text `{x}`, escaped again for `format_args!`.
+        assert_eq!(
+            render("{{x}}:{id}"),
+            r#":: core :: format_args ! ("{{x}}:{}" , id)"#
+        );
+    }
+
+    #[test]
+    fn malformed_templates_are_errors() {
+        for (template, expected) in [
+            ("", "the key is empty"),
+            ("a:{id", "unclosed `{id`"),
+            ("a}b", "unmatched `}`"),
+            ("a:{}", "names no argument"),
+            ("a:{id:?}", "format specs are not supported"),
+            ("a:{order-id}", "`order-id` is not an identifier"),
+            ("a:{order.}", "`` is not a field name"),
+            ("a:{order.type}", "`type` is not a field name"),
+            ("a:{1}", "`1` is not an identifier"),
+        ] {
+            let rendered = render(template);
+            assert!(
+                rendered.starts_with("error: ") && rendered.contains(expected),
+                "{template:?} gave {rendered:?}, expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn single_placeholder() {
+        let single =
+            |text: &str| Template::parse(lit(text)).is_ok_and(|t| t.is_single_placeholder());
+        assert!(single("{token}"));
+        assert!(single("{req.token}"));
+        assert!(!single("tok:{token}"));
+        assert!(!single("{a}{b}"));
+        assert!(!single("token"));
     }
 }
