@@ -1,5 +1,7 @@
 //! The embedded store: records in process memory.
 
+mod toolbox;
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +12,10 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+use super::{
+    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
+    TransitionOutcome, TransitionRequest, VersionedBytes,
+};
 use crate::{Error, Fingerprint, Key};
 
 const SHARDS: usize = 64;
@@ -42,6 +47,8 @@ pub struct MemoryStore {
     /// One counter for every key: a fence is then strictly increasing per key (and
     /// across keys), survives the release of the lock, and costs no memory per key.
     fence: AtomicU64,
+    /// Versioned values, state records and Bloom bitmaps, in maps of their own.
+    toolbox: toolbox::Toolbox,
 }
 
 #[derive(Default)]
@@ -100,6 +107,7 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             fence: AtomicU64::new(0),
+            toolbox: toolbox::Toolbox::new(),
         }
     }
 
@@ -401,6 +409,67 @@ impl Store for MemoryStore {
 
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         ready(self.subscribe_now(key))
+    }
+
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        ready(self.toolbox.load_versioned(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        ready(self.toolbox.compare_and_set(key, expected, value, ttl))
+    }
+
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        ready(self.toolbox.transition(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        ready(self.toolbox.settle_transition(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        ready(self.toolbox.load_state(key))
+    }
+
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(std::future::ready(
+            self.toolbox.bloom_insert(filter, indexes, size_bits, ttl),
+        ))
+    }
+
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(std::future::ready(
+            self.toolbox.bloom_contains(filter, indexes, size_bits),
+        ))
     }
 
     fn name(&self) -> &'static str {

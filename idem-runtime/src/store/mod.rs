@@ -22,6 +22,8 @@ use bytes::Bytes;
 use crate::{Error, Fingerprint, Key};
 
 pub mod memory;
+mod toolbox;
+pub use toolbox::{Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
 pub mod sql;
@@ -249,6 +251,109 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Subscription::never())))
     }
 
+    // The toolbox primitives (optimistic versions, state-machine guards, Bloom bitmaps).
+    // Each has a default that answers `Error::Unsupported`, so a backend written before
+    // them keeps compiling and passes the main conformance suite; a backend that
+    // implements them runs `toolbox_conformance_tests!` too.
+
+    /// Reads the versioned value under `key` and its version, or `None` if there is none.
+    /// One atomic read.
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        let _ = key;
+        unsupported("versioned values (load_versioned)")
+    }
+
+    /// Writes `value` under `key` if its current version is `expected` (0: no value
+    /// yet), as one atomic step, and returns the new version (`expected + 1`). If the
+    /// version differs, changes nothing and returns `None` (a lost race: a conflict).
+    ///
+    /// `ttl`: the value disappears `ttl` after this write; `None` keeps it without expiry.
+    /// After it expires the key is absent again and versions restart at 1, so a ttl must
+    /// outlast any read-modify-write cycle that may still hold an old version.
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        let _ = (key, expected, value, ttl);
+        unsupported("versioned values (compare_and_set)")
+    }
+
+    /// Moves the state record under `key` to `req.to`, as one atomic step:
+    ///
+    /// - already in `req.to` → [`TransitionOutcome::Already`], nothing written;
+    /// - another owner holds a move whose lease has not ended → [`TransitionOutcome::Pending`];
+    /// - current state allowed by `req` → moved ([`TransitionOutcome::Moved`]) or, with
+    ///   `req.hold`, held for that owner ([`TransitionOutcome::Held`]);
+    /// - otherwise [`TransitionOutcome::Refused`] with the current state.
+    ///
+    /// A hold whose lease ended is ignored (and may be replaced) by every request.
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        let _ = (key, req);
+        unsupported("state machines (transition)")
+    }
+
+    /// Commits, aborts or renews the move on `key` held by `owner`, as one atomic step.
+    /// Returns `false` (and changes nothing) if `owner` no longer holds it: another
+    /// owner replaced the hold after its lease ended, or the record expired. A hold whose
+    /// lease ended but that nobody replaced is still the owner's and may be settled.
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (key, owner, action);
+        unsupported("state machines (settle_transition)")
+    }
+
+    /// The current state under `key` (`None`: no record). One atomic read; a held move
+    /// is not reported (the state is the one before it).
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        let _ = key;
+        unsupported("state machines (load_state)")
+    }
+
+    /// Sets the bits at `indexes` in the Bloom bitmap `filter` of `size_bits` bits, as one
+    /// atomic step, and returns whether they were **all** set already (the id may have
+    /// been inserted before). `false` proves that no earlier insert of the same indexes
+    /// happened, and of concurrent inserts of the same indexes exactly one gets `false`.
+    ///
+    /// A missing bitmap is created empty, to expire `ttl` after its creation (`None`:
+    /// never); later inserts do not push that expiry back, so the filter is renewed as a
+    /// whole rather than kept alive forever by traffic. Every index is `< size_bits`.
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (filter, indexes, size_bits, ttl);
+        unsupported("Bloom filters (bloom_insert)")
+    }
+
+    /// Whether the bits at `indexes` are all set in the Bloom bitmap `filter` (a missing
+    /// bitmap has none set). One atomic read.
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (filter, indexes, size_bits);
+        unsupported("Bloom filters (bloom_contains)")
+    }
+
     /// A short name for logs ("memory", "redis", ...).
     fn name(&self) -> &'static str {
         "custom"
@@ -289,7 +394,62 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         (**self).subscribe(key)
     }
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        (**self).load_versioned(key)
+    }
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        (**self).compare_and_set(key, expected, value, ttl)
+    }
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        (**self).transition(key, req)
+    }
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).settle_transition(key, owner, action)
+    }
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        (**self).load_state(key)
+    }
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).bloom_insert(filter, indexes, size_bits, ttl)
+    }
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).bloom_contains(filter, indexes, size_bits)
+    }
     fn name(&self) -> &'static str {
         (**self).name()
     }
+}
+
+/// The default body of the toolbox primitives.
+fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, Error>> {
+    Box::pin(std::future::ready(Err(Error::Unsupported(what))))
 }

@@ -1,0 +1,331 @@
+//! The toolbox primitives of [`MemoryStore`](super::MemoryStore): versioned values, state
+//! records and Bloom bitmaps, each in maps of their own beside the claim records.
+//!
+//! Same rules as the claim records: every primitive is one critical section on one
+//! shard (a `std` mutex never held across an `.await`), time is tokio's monotonic clock,
+//! and expired records are dropped when touched and swept as a shard doubles.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::DigestHasher;
+use crate::store::{Owner, Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
+use crate::{Error, Key};
+
+const SHARDS: usize = 16;
+const MIN_SWEEP: usize = 256;
+/// The largest bitmap a filter may ask for: 2^32 bits (512 MiB), Redis' string limit, so a
+/// filter sized for one store fits every store.
+pub(crate) const MAX_BLOOM_BITS: u64 = 1 << 32;
+
+pub(super) struct Toolbox {
+    values: Box<[Mutex<TimedMap<ValueEntry>>]>,
+    states: Box<[Mutex<TimedMap<StateEntry>>]>,
+    filters: Mutex<Filters>,
+}
+
+type Filters = HashMap<[u8; 16], Arc<Mutex<Bitmap>>, BuildHasherDefault<DigestHasher>>;
+
+struct ValueEntry {
+    value: Bytes,
+    version: u64,
+}
+
+struct StateEntry {
+    /// `None` only while a move out of "no record" is held.
+    state: Option<String>,
+    pending: Option<Pending>,
+}
+
+struct Pending {
+    to: String,
+    owner: Owner,
+    lease_until: Instant,
+}
+
+struct Bitmap {
+    words: Vec<u64>,
+    size_bits: u64,
+    expires_at: Option<Instant>,
+}
+
+/// A map of records that may expire, swept when it has doubled since the last sweep.
+struct TimedMap<V> {
+    map: HashMap<[u8; 16], (V, Option<Instant>), BuildHasherDefault<DigestHasher>>,
+    swept_at: usize,
+}
+
+impl<V> Default for TimedMap<V> {
+    fn default() -> Self {
+        TimedMap {
+            map: HashMap::default(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<V> TimedMap<V> {
+    /// The live record under `key`; an expired one is dropped here.
+    fn live(&mut self, key: &Key, now: Instant) -> Option<&mut (V, Option<Instant>)> {
+        let d = key.digest();
+        if self
+            .map
+            .get(d)
+            .is_some_and(|(_, exp)| exp.is_some_and(|e| e <= now))
+        {
+            self.map.remove(d);
+        }
+        self.map.get_mut(d)
+    }
+
+    fn insert(&mut self, key: &Key, v: V, expires_at: Option<Instant>, now: Instant) {
+        self.map.insert(*key.digest(), (v, expires_at));
+        if self.map.len() >= MIN_SWEEP.max(self.swept_at * 2) {
+            self.map.retain(|_, (_, exp)| exp.is_none_or(|e| e > now));
+            self.swept_at = self.map.len();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code path panics while holding these locks; recover rather than propagate poison.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn shard<'s, V>(shards: &'s [Mutex<TimedMap<V>>], key: &Key) -> MutexGuard<'s, TimedMap<V>> {
+    // Byte 14, not 15 (the claim shards' byte), is as uniform and keeps the two
+    // shardings independent.
+    lock(&shards[usize::from(key.digest()[14]) % SHARDS])
+}
+
+impl Toolbox {
+    pub(super) fn new() -> Self {
+        Toolbox {
+            values: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            states: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            filters: Mutex::default(),
+        }
+    }
+
+    pub(super) fn load_versioned(&self, key: &Key) -> Option<VersionedBytes> {
+        let now = Instant::now();
+        let mut s = shard(&self.values, key);
+        s.live(key, now)
+            .map(|(e, _)| VersionedBytes::new(e.value.clone(), e.version))
+    }
+
+    pub(super) fn compare_and_set(
+        &self,
+        key: &Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Option<u64> {
+        let now = Instant::now();
+        let mut s = shard(&self.values, key);
+        let current = s.live(key, now).map_or(0, |(e, _)| e.version);
+        if current != expected {
+            return None;
+        }
+        let version = expected + 1;
+        s.insert(
+            key,
+            ValueEntry { value, version },
+            ttl.map(|t| now + t),
+            now,
+        );
+        Some(version)
+    }
+
+    pub(super) fn transition(&self, key: &Key, req: &TransitionRequest<'_>) -> TransitionOutcome {
+        let now = Instant::now();
+        let mut s = shard(&self.states, key);
+        let (current, pending) = match s.live(key, now) {
+            Some((e, _)) => (e.state.clone(), e.pending.as_ref()),
+            None => (None, None),
+        };
+        if current.as_deref() == Some(req.to) {
+            return TransitionOutcome::Already;
+        }
+        if let Some(p) = pending.filter(|p| p.lease_until > now) {
+            return TransitionOutcome::Pending {
+                to: p.to.clone(),
+                retry_in: p.lease_until - now,
+            };
+        }
+        if !req.allows(current.as_deref()) {
+            return TransitionOutcome::Refused { current };
+        }
+        match req.hold {
+            None => {
+                let entry = StateEntry {
+                    state: Some(req.to.to_owned()),
+                    pending: None,
+                };
+                s.insert(key, entry, req.ttl.map(|t| now + t), now);
+                TransitionOutcome::Moved { from: current }
+            }
+            Some((owner, lease)) => {
+                let lease_until = now + lease;
+                let pending = Some(Pending {
+                    to: req.to.to_owned(),
+                    owner,
+                    lease_until,
+                });
+                match s.live(key, now) {
+                    Some((e, exp)) => {
+                        e.pending = pending;
+                        // The record outlives the hold, so a commit finds it.
+                        *exp = exp.map(|x| x.max(lease_until));
+                    }
+                    None => {
+                        let entry = StateEntry {
+                            state: None,
+                            pending,
+                        };
+                        s.insert(key, entry, Some(lease_until), now);
+                    }
+                }
+                TransitionOutcome::Held { from: current }
+            }
+        }
+    }
+
+    pub(super) fn settle_transition(&self, key: &Key, owner: Owner, action: Settle) -> bool {
+        let now = Instant::now();
+        let mut s = shard(&self.states, key);
+        let Some((e, exp)) = s.live(key, now) else {
+            return false;
+        };
+        let Some(p) = e.pending.as_mut().filter(|p| p.owner == owner) else {
+            return false;
+        };
+        match action {
+            Settle::Commit { ttl } => {
+                e.state = e.pending.take().map(|p| p.to);
+                *exp = ttl.map(|t| now + t);
+            }
+            Settle::Abort => {
+                e.pending = None;
+                if e.state.is_none() {
+                    // Nothing was ever entered: the key goes back to having no record.
+                    s.map.remove(key.digest());
+                }
+            }
+            Settle::Renew(lease) => {
+                p.lease_until = now + lease;
+                let until = p.lease_until;
+                if e.state.is_none() {
+                    *exp = Some(until);
+                } else {
+                    *exp = exp.map(|x| x.max(until));
+                }
+            }
+        }
+        true
+    }
+
+    pub(super) fn load_state(&self, key: &Key) -> Option<String> {
+        let now = Instant::now();
+        let mut s = shard(&self.states, key);
+        s.live(key, now).and_then(|(e, _)| e.state.clone())
+    }
+
+    fn check_bits(indexes: &[u64], size_bits: u64) -> Result<(), Error> {
+        if size_bits == 0 || size_bits > MAX_BLOOM_BITS {
+            return Err(Error::Config(format!(
+                "a Bloom filter has 1 to 2^32 bits, not {size_bits}"
+            )));
+        }
+        if indexes.iter().any(|&i| i >= size_bits) {
+            return Err(Error::Config(
+                "a Bloom index is past the filter's size".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The live bitmap of `filter`, created empty (expiring `ttl` after now) if `create`.
+    fn bitmap(
+        &self,
+        filter: &Key,
+        size_bits: u64,
+        create: Option<Option<Duration>>,
+    ) -> Option<Arc<Mutex<Bitmap>>> {
+        let now = Instant::now();
+        let mut filters = lock(&self.filters);
+        let d = filter.digest();
+        // Lock order is always the map, then one bitmap.
+        let expired = |b: &Arc<Mutex<Bitmap>>| lock(b).expires_at.is_some_and(|e| e <= now);
+        if filters.get(d).is_some_and(expired) {
+            filters.remove(d);
+        }
+        if let Some(b) = filters.get(d) {
+            return Some(b.clone());
+        }
+        let ttl = create?;
+        // Filters are few; dropping the expired ones on each creation bounds them.
+        filters.retain(|_, b| !expired(b));
+        let b = Arc::new(Mutex::new(Bitmap {
+            words: vec![0; size_bits.div_ceil(64) as usize],
+            size_bits,
+            expires_at: ttl.map(|t| now + t),
+        }));
+        filters.insert(*d, b.clone());
+        Some(b)
+    }
+
+    fn same_size(filter: &Key, b: &Bitmap, size_bits: u64) -> Result<(), Error> {
+        if b.size_bits == size_bits {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "Bloom filter {filter} exists with {} bits, not {size_bits}: a filter's \
+             capacity and rate must not change while it lives",
+            b.size_bits
+        )))
+    }
+
+    pub(super) fn bloom_insert(
+        &self,
+        filter: &Key,
+        indexes: &[u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> Result<bool, Error> {
+        Self::check_bits(indexes, size_bits)?;
+        let mut all_set = true;
+        if let Some(bitmap) = self.bitmap(filter, size_bits, Some(ttl)) {
+            let mut b = lock(&bitmap);
+            Self::same_size(filter, &b, size_bits)?;
+            for &i in indexes {
+                let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+                all_set &= b.words[w] & bit != 0;
+                b.words[w] |= bit;
+            }
+        }
+        Ok(all_set)
+    }
+
+    pub(super) fn bloom_contains(
+        &self,
+        filter: &Key,
+        indexes: &[u64],
+        size_bits: u64,
+    ) -> Result<bool, Error> {
+        Self::check_bits(indexes, size_bits)?;
+        let Some(bitmap) = self.bitmap(filter, size_bits, None) else {
+            return Ok(false);
+        };
+        let b = lock(&bitmap);
+        Self::same_size(filter, &b, size_bits)?;
+        Ok(indexes
+            .iter()
+            .all(|&i| b.words[(i / 64) as usize] & (1u64 << (i % 64)) != 0))
+    }
+}
