@@ -64,7 +64,10 @@ pub use store::redis::RedisStore;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
 pub use store::sql::SqlStore;
 pub use store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::lock::fence;
+pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
+pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -4,3 +4,6 @@ pub(crate) mod claim;
 pub(crate) mod dedup;
 pub(crate) mod lock;
 pub(crate) mod token;
+pub(crate) mod bloom;
+pub(crate) mod optimistic;
+pub(crate) mod state_machine;
