@@ -526,15 +526,15 @@ impl Configuration {
                 errors.push(not_for_lock(arg.kw, "fingerprint", no_record));
             }
         }
-        if let (Strategy::Token, Some(key)) = (strategy, &self.key) {
-            if !key.template.is_single_placeholder() {
-                errors.push(syn::Error::new(
-                    key.template.lit.span(),
-                    "with strategy = \"token\" the key is the token itself, as returned by \
-                     issue_token; name the argument that carries it and nothing else, \
-                     e.g. key = \"{token}\"",
-                ));
-            }
+        if let (Strategy::Token, Some(key)) = (strategy, &self.key)
+            && !key.template.is_single_placeholder()
+        {
+            errors.push(syn::Error::new(
+                key.template.lit.span(),
+                "with strategy = \"token\" the key is the token itself, as returned by \
+                 issue_token; name the argument that carries it and nothing else, \
+                 e.g. key = \"{token}\"",
+            ));
         }
         let key = match self.key {
             Some(key) => Some(key.template),
