@@ -81,6 +81,54 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Expands to one `#[test]` per conformance case of the toolbox primitives (versioned
+/// values, state-machine moves, Bloom bitmaps), in a module named `$name`; see
+/// [`conformance_tests!`]. Separate so that a store without these primitives still runs
+/// the main suite.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{MemoryStore, Store};
+///
+/// idem_runtime::toolbox_conformance_tests!(memory_toolbox, || async { Arc::new(MemoryStore::new()) as Arc<dyn Store> });
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! toolbox_conformance_tests {
+    ($name:ident, $make:expr) => {
+        $crate::__toolbox_conformance_tests!($name, $make;
+            versioned_compare_and_set,
+            versioned_ttl_expiry,
+            optimistic_balance_50_tasks,
+            state_machine_moves,
+            state_machine_concurrent_movers,
+            state_machine_body_failure_and_cancel,
+            state_machine_crashed_hold_taken_over,
+            bloom_insert_and_contains,
+            bloom_ttl_is_not_refreshed,
+            bloom_false_positive_rate,
+            bloom_dedup_never_drops_new_ids
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __toolbox_conformance_tests {
+    ($name:ident, $make:expr; $($case:ident),* $(,)?) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $case() {
+                    $crate::testing::run_case($make, $crate::testing::cases::toolbox::$case);
+                }
+            )*
+        }
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests {
@@ -115,6 +163,8 @@ fn ms(n: u64) -> Duration {
 /// The cases, as plain async functions of a store.
 pub mod cases {
     use super::*;
+
+    pub mod toolbox;
 
     static DEDUP: Options = Options::dedup("conformance::dedup");
 
