@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_runtime::{MemoryStore, Store};
 
 pub(crate) const USAGE: &str = "usage: payments [--orders N] [--clients N] [--seed N] \
-[--store URL] [--processes N] [--no-idem]
+[--store URL] [--processes N] [--client-timeout-ms N] [--no-idem]
   --store URL     memory (default), redis://host:port/db, postgres://..., mysql://..., sqlite://path?mode=rwc
                   (also IDEM_STORE_URL)
   --processes N   run N copies at once on one shared store (needs a shared store)";
@@ -22,6 +22,7 @@ pub(crate) struct Args {
     pub(crate) worker: Option<u32>,
     pub(crate) namespace: String,
     pub(crate) no_idem: bool,
+    pub(crate) timeout_ms: Option<u64>,
 }
 
 impl Args {
@@ -35,6 +36,7 @@ impl Args {
             worker: None,
             namespace: String::new(),
             no_idem: false,
+            timeout_ms: None,
         };
         let mut namespace = None;
         while let Some(flag) = it.next() {
@@ -54,6 +56,10 @@ impl Args {
                 "--worker" => a.worker = Some(num(value("--worker")?, "--worker")? as u32),
                 "--namespace" => namespace = Some(value("--namespace")?),
                 "--no-idem" => a.no_idem = true,
+                "--client-timeout-ms" => {
+                    a.timeout_ms =
+                        Some(num(value("--client-timeout-ms")?, "--client-timeout-ms")?.max(1))
+                }
                 "-h" | "--help" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -68,6 +74,22 @@ impl Args {
             format!("payments-{t:x}")
         });
         Ok(a)
+    }
+}
+
+impl Args {
+    /// How long a client waits for an answer before it retries. Short enough that
+    /// retries meet first attempts still in flight (the case idem exists for), long
+    /// enough for the store's round trips under this load.
+    pub(crate) fn client_timeout(&self) -> Duration {
+        let ms = self
+            .timeout_ms
+            .unwrap_or(match self.store.split(':').next() {
+                Some("memory") | None => 25,
+                Some("redis" | "rediss" | "redis+cluster") => 60,
+                _ => 400,
+            });
+        Duration::from_millis(ms)
     }
 }
 
@@ -101,6 +123,10 @@ pub(crate) fn run_processes(args: &Args) -> ExitCode {
                 .args(["--seed", &args.seed.to_string()])
                 .args(["--store", &args.store])
                 .args(["--namespace", &args.namespace])
+                .args([
+                    "--client-timeout-ms",
+                    &args.client_timeout().as_millis().to_string(),
+                ])
                 .args(["--worker", &(i + 1).to_string()])
                 .stdout(Stdio::piped())
                 .spawn()

@@ -137,13 +137,14 @@ async fn client(
     stats: Arc<ClientStats>,
     orders: Vec<(u64, u64)>,
     seed: u64,
+    client_timeout: Duration,
     receipts: Arc<Mutex<HashMap<u64, Receipt>>>,
 ) {
     let mut rng = Rng::new(seed);
     for (id, cents) in orders {
         // A double click sends the first attempt twice at once.
         let copies = if rng.below(100) < 30 { 2 } else { 1 };
-        for attempt in 0..6 {
+        for attempt in 0..8 {
             let mut inflight = Vec::new();
             for _ in 0..if attempt == 0 { copies } else { 1 } {
                 stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -164,7 +165,7 @@ async fn client(
             }
             let mut paid = false;
             for handle in inflight {
-                match tokio::time::timeout(Duration::from_millis(25), handle).await {
+                match tokio::time::timeout(client_timeout, handle).await {
                     Ok(Ok(Ok(receipt))) => {
                         stats.ok.fetch_add(1, Ordering::Relaxed);
                         let mut seen = lock(&receipts);
@@ -254,6 +255,7 @@ async fn run(args: &Args) -> Result<bool, idem_runtime::Error> {
             stats.clone(),
             orders,
             args.seed.wrapping_add(i as u64 * 7919) ^ u64::from(args.worker.unwrap_or(0)) << 32,
+            args.client_timeout(),
             receipts.clone(),
         )));
     }
