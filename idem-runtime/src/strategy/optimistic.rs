@@ -282,6 +282,57 @@ impl Idem {
         }
     }
 
+    /// The last step of an optimistic update on **your own** table: maps the rows
+    /// affected by `UPDATE t SET ..., version = version + 1 WHERE id = ? AND version = ?`
+    /// to `Ok` (one row: the version was still the one read) or [`Error::Conflict`]
+    /// (no row: someone wrote in between), so [`retry_on_conflict`] re-runs the
+    /// read-compute-write. `family` and `key` only name the row in the error.
+    ///
+    /// The recipe, with any SQL client:
+    ///
+    /// ```text
+    /// SELECT balance, version FROM accounts WHERE id = $1;            -- read
+    /// -- compute the new balance in Rust
+    /// UPDATE accounts SET balance = $2, version = version + 1
+    ///  WHERE id = $1 AND version = $3;                                -- write if unchanged
+    /// ```
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Error, Idem, Optimistic, Retry, retry_on_conflict};
+    /// static ACCOUNTS: Optimistic = Optimistic::new("bank::accounts");
+    /// let idem = Idem::builder().build();
+    /// let mut lost_once = false; // stands in for the database
+    /// retry_on_conflict(&Retry::DEFAULT, || {
+    ///     // ... SELECT, compute, UPDATE ... WHERE version = ? ...
+    ///     let rows_affected = if lost_once { 1 } else { lost_once = true; 0 };
+    ///     let checked = idem.expect_updated(&ACCOUNTS, "acct-1", rows_affected);
+    ///     async move { checked }
+    /// })
+    /// .await?;
+    /// assert!(lost_once);
+    /// # Ok(()) }
+    /// ```
+    pub fn expect_updated(
+        &self,
+        family: &Optimistic,
+        key: impl fmt::Display,
+        rows_affected: u64,
+    ) -> Result<(), Error> {
+        if rows_affected == 1 {
+            return Ok(());
+        }
+        if rows_affected > 1 {
+            return Err(Error::Config(format!(
+                "a versioned update changed {rows_affected} rows: its WHERE must name one row by its key"
+            )));
+        }
+        Err(Error::Conflict {
+            key: self.versioned_key(family, key),
+        })
+    }
+
     /// Read-modify-write with retries: loads the value (`None` if absent), computes the
     /// new one with `f`, writes it with compare-and-set, and on a conflict does it all
     /// again, per `family`'s [`Retry`]. Returns what was written.
