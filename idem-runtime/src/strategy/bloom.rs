@@ -171,6 +171,17 @@ impl BloomFilter {
     }
 
     /// Counts of what this filter answered.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{BloomFilter, Idem};
+    /// let f = BloomFilter::new(&Idem::builder().build(), "ids", 1000, 0.01)?;
+    /// f.insert("a").await?;
+    /// f.insert("a").await?;
+    /// assert_eq!((f.stats().new, f.stats().maybe), (1, 1));
+    /// # Ok(()) }
+    /// ```
     pub fn stats(&self) -> BloomStats {
         BloomStats {
             new: self.stats.new.load(Ordering::Relaxed),
@@ -180,6 +191,17 @@ impl BloomFilter {
     }
 
     /// The `k` bit positions of `id` in `[0, m)`: pure math, no store.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{BloomFilter, Idem};
+    /// let f = BloomFilter::new(&Idem::builder().build(), "ids", 1000, 0.01)?;
+    /// let idx = f.indexes("evt-1");
+    /// assert_eq!(idx.len(), f.hashes() as usize);
+    /// assert!(idx.iter().all(|&i| i < f.size_bits()));
+    /// assert_eq!(idx, f.indexes("evt-1")); // deterministic
+    /// # Ok(()) }
+    /// ```
     pub fn indexes(&self, id: impl fmt::Display) -> Vec<u64> {
         let key = self.idem.key(&self.ids, format_args!("{id}"));
         self.indexes_of(key.digest())

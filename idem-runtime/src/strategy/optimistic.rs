@@ -222,6 +222,14 @@ pub struct Versioned<T> {
 
 impl Idem {
     /// The record key of the value `key` of `family`.
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, Optimistic};
+    /// static BALANCE: Optimistic = Optimistic::new("bank::balance");
+    /// let idem = Idem::builder().namespace("bank").build();
+    /// let key = idem.versioned_key(&BALANCE, "acct-7");
+    /// assert_eq!((key.namespace(), key.scope()), ("bank", "bank::balance"));
+    /// ```
     pub fn versioned_key(&self, family: &Optimistic, key: impl fmt::Display) -> Key {
         // Dedup options only lend their scope (the name) to the key.
         self.key(&Options::dedup(family.name), format_args!("{key}"))
@@ -229,6 +237,19 @@ impl Idem {
 
     /// Reads a versioned value (one store round trip). `None`: never written (or expired);
     /// write it with expected version 0.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Idem, Optimistic, Versioned};
+    /// static PROFILE: Optimistic = Optimistic::new("users::nickname");
+    /// let idem = Idem::builder().build();
+    /// assert_eq!(idem.load::<String>(&PROFILE, "u1").await?, None);
+    /// idem.compare_and_set(&PROFILE, "u1", 0, "ada".to_string()).await?;
+    /// let v = idem.load::<String>(&PROFILE, "u1").await?;
+    /// assert_eq!(v, Some(Versioned { value: "ada".to_string(), version: 1 }));
+    /// # Ok(()) }
+    /// ```
     pub async fn load<T: Serialize + DeserializeOwned>(
         &self,
         family: &Optimistic,
@@ -253,6 +274,19 @@ impl Idem {
     /// Writes `value` if the stored version still is `expected` (0: not written yet), in
     /// one atomic store step, and returns the new version. Otherwise nothing is written
     /// and the result is [`Error::Conflict`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Error, Idem, Optimistic};
+    /// static STOCK: Optimistic = Optimistic::new("shop::stock");
+    /// let idem = Idem::builder().build();
+    /// assert_eq!(idem.compare_and_set(&STOCK, "sku-1", 0, 10u32).await?, 1);
+    /// assert_eq!(idem.compare_and_set(&STOCK, "sku-1", 1, 9u32).await?, 2);
+    /// let lost = idem.compare_and_set(&STOCK, "sku-1", 1, 9u32).await; // stale version
+    /// assert!(matches!(lost, Err(Error::Conflict { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn compare_and_set<T: Serialize + DeserializeOwned>(
         &self,
         family: &Optimistic,

@@ -276,6 +276,13 @@ impl<T> Step<T> {
 
 impl Idem {
     /// The record key of `key` under `machine`.
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, StateMachine};
+    /// let m = StateMachine::builder("shop::order").states(["new"]).initial("new").build().unwrap();
+    /// let idem = Idem::builder().build();
+    /// assert_eq!(idem.state_key(&m, 1), idem.state_key(&m, "1"));
+    /// ```
     pub fn state_key(&self, machine: &StateMachine, key: impl fmt::Display) -> Key {
         // Dedup options only lend their scope (the name) to the key.
         self.key(&Options::dedup(machine.name), format_args!("{key}"))
@@ -283,6 +290,22 @@ impl Idem {
 
     /// The state of `key` (`None`: no state yet). A move held by a running body is not
     /// visible: the state is the one before it until the body succeeds.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Idem, StateMachine};
+    /// let ticket = StateMachine::builder("help::ticket")
+    ///     .states(["open", "closed"])
+    ///     .initial("open")
+    ///     .allow("open", ["closed"])
+    ///     .build()?;
+    /// let idem = Idem::builder().build();
+    /// assert_eq!(idem.state(&ticket, 7).await?, None);
+    /// idem.transition(&ticket, 7, "open").await?;
+    /// assert_eq!(idem.state(&ticket, 7).await?.as_deref(), Some("open"));
+    /// # Ok(()) }
+    /// ```
     pub async fn state(
         &self,
         machine: &StateMachine,
