@@ -49,7 +49,7 @@ struct Counts {
 
 struct Consumer {
     idem: Idem,
-    opts: &'static Options,
+    opts: Options,
     filter: BloomFilter,
     /// The account ledger: message id → times credited. Looking a message up here is the
     /// expensive "exact lookup" of a real system (an indexed query on a large table).
@@ -62,7 +62,7 @@ impl Consumer {
         let counts = &self.counts;
         let r: Filtered<bool> = self
             .idem
-            .dedup_filtered(self.opts, &self.filter, id, |verdict| async move {
+            .dedup_filtered(&self.opts, &self.filter, id, |verdict| async move {
                 let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
                 if verdict == Verdict::Maybe {
                     // Seen before, or a false positive: ask the ledger.
@@ -179,9 +179,7 @@ async fn main() -> ExitCode {
         .build();
     // The exact records live for the short window; the filter, sized for every id of
     // the run at 1%, remembers them all.
-    let opts: &'static Options = Box::leak(Box::new(
-        Options::dedup("ledger::on_message").ttl(args.record_ttl),
-    ));
+    let opts = Options::dedup("ledger::on_message").ttl(args.record_ttl);
     let filter = match BloomFilter::new(&idem, "ledger::message_ids", args.messages, 0.01) {
         Ok(f) => f,
         Err(e) => {
