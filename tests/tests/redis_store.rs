@@ -167,8 +167,12 @@ async fn garbage_records_are_corrupt() {
             vec![("s", b"c"), ("v", b"ok"), ("f", b"short")],
         ),
         (
-            "in progress without lease",
-            vec![("s", b"p"), ("o", b"x"), ("k", b"d")],
+            "in progress of no known kind",
+            vec![("s", b"p"), ("o", b"x"), ("k", b"zz")],
+        ),
+        (
+            "token claim without deadlines",
+            vec![("s", b"p"), ("o", b"x"), ("k", b"t")],
         ),
         ("issued without deadline", vec![("s", b"i")]),
     ];

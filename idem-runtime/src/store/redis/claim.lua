@@ -9,8 +9,10 @@
 -- ARGV[6]  notification channel
 --
 -- Record fields: s state ('p' in progress, 'c' completed, 'i' issued token), k kind of the
--- in-progress claim, o owner, l lease deadline (ms, Redis clock), t token deadline (ms),
--- f fingerprint, v completed value, w '1' once somebody waited on it.
+-- in-progress claim, o owner, f fingerprint, v completed value, w '1' once somebody
+-- waited on it; for tokens only, t the token's deadline and l the claim's lease deadline
+-- (ms, Redis clock). A dedup or lock claim needs no deadline in the record: its key's
+-- own PEXPIRE is the lease, so while the key exists the lease is live.
 --
 -- Replies: {1, fence} claimed | {2, retry_ms, fingerprint} busy |
 --          {3, value, fingerprint} completed | {4} missing token | {0, reason} corrupt.
@@ -23,25 +25,27 @@ if type(r) == 'table' and r['err'] then
   return {0, 'not an idem record (' .. r['err'] .. ')'}
 end
 local s, o, l, t, f, v, k, w = r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
--- Numbers go to Redis as integers, never in exponent notation.
-local function int(x) return string.format('%.0f', x) end
 
 if f and #f ~= 16 then
   return {0, 'fingerprint has ' .. #f .. ' bytes, expected 16'}
 end
 
-local function hold(k2, deadline)
-  redis.call('HSET', rec, 's', 'p', 'k', k2, 'o', owner, 'l', int(deadline))
-  if fp ~= '' then
-    redis.call('HSET', rec, 'f', fp)
-  elseif f then
-    redis.call('HDEL', rec, 'f')
+-- The Redis clock, read only on the paths that need it (tokens, a new fence counter).
+local tm, now
+local function clock()
+  if not now then
+    tm = redis.call('TIME')
+    now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
   end
+  return now
 end
+-- Numbers go to Redis as integers, never in exponent notation.
+local function int(x) return string.format('%.0f', x) end
 
-local function fresh()
+local function fresh(stale)
+  if stale then
+    redis.call('DEL', rec)
+  end
   if kind == 't' then
     return {4}
   end
@@ -54,6 +58,7 @@ local function fresh()
       return {0, 'fence counter is not an integer'}
     end
     if c == 1 then
+      clock()
       local seed = tm[1] .. string.sub('000000' .. tm[2], -6)
       redis.call('SET', KEYS[2], seed)
       fence = tonumber(seed)
@@ -62,15 +67,24 @@ local function fresh()
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
   end
-  redis.call('DEL', rec)
-  hold(kind, now + lease)
+  if fp ~= '' then
+    redis.call('HSET', rec, 's', 'p', 'k', kind, 'o', owner, 'f', fp)
+  else
+    redis.call('HSET', rec, 's', 'p', 'k', kind, 'o', owner)
+  end
   redis.call('PEXPIRE', rec, lease)
   return {1, fence}
 end
 
 local function take_token(texp)
-  hold('t', now + lease)
-  redis.call('PEXPIREAT', rec, int(math.max(texp, now + lease)))
+  local deadline = clock() + lease
+  redis.call('HSET', rec, 's', 'p', 'k', 't', 'o', owner, 'l', int(deadline))
+  if fp ~= '' then
+    redis.call('HSET', rec, 'f', fp)
+  elseif f then
+    redis.call('HDEL', rec, 'f')
+  end
+  redis.call('PEXPIREAT', rec, int(math.max(texp, deadline)))
   if w then
     redis.call('HDEL', rec, 'w')
     redis.call('PUBLISH', ARGV[6], rec)
@@ -89,27 +103,25 @@ if not s then
   if redis.call('EXISTS', rec) == 1 then
     return {0, 'record has no state'}
   end
-  return fresh()
+  return fresh(false)
 elseif s == 'p' then
-  local ld = tonumber(l)
-  if not o or not ld or (k ~= 'd' and k ~= 'l' and k ~= 't') then
+  if not o or (k ~= 'd' and k ~= 'l' and k ~= 't') then
     return {0, 'malformed in-progress record'}
   end
-  local left = ld - now
-  if left > 0 or (k == 't' and kind ~= 't') then
+  if k ~= 't' then
+    -- The key's expiry is the lease: it exists, so the lease is live.
+    return busy(redis.call('PTTL', rec))
+  end
+  local ld, te = tonumber(l), tonumber(t)
+  if not ld or not te then
+    return {0, 'token claim without its deadlines'}
+  end
+  local left = ld - clock()
+  if left > 0 or kind ~= 't' then
     return busy(left)
   end
-  if k ~= 't' then
-    -- A lapsed dedup or lock lease (its PEXPIRE is due this very millisecond).
-    return fresh()
-  end
-  local te = tonumber(t)
-  if not te then
-    return {0, 'token claim without a token deadline'}
-  end
   if te <= now then
-    redis.call('DEL', rec)
-    return {4}
+    return fresh(true)
   end
   return take_token(te)
 elseif s == 'i' then
@@ -117,9 +129,8 @@ elseif s == 'i' then
   if not te then
     return {0, 'issued token without a deadline'}
   end
-  if te <= now then
-    redis.call('DEL', rec)
-    return fresh()
+  if te <= clock() then
+    return fresh(true)
   end
   if kind ~= 't' then
     return busy(te - now)

@@ -5,21 +5,24 @@
 if redis.replicate_commands then redis.replicate_commands() end
 
 local rec = KEYS[1]
-local r = redis.pcall('HMGET', rec, 's', 'o', 'l', 'w', 'f')
+local r = redis.pcall('HMGET', rec, 's', 'o', 'k', 'w', 'f', 'l')
 if type(r) == 'table' and r['err'] then
   return {0, 'not an idem record (' .. r['err'] .. ')'}
 end
 if r[1] ~= 'p' or r[2] ~= ARGV[1] then
   return 0
 end
-local ld = tonumber(r[3])
-if not ld then
-  return {0, 'malformed in-progress record'}
-end
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-if ld <= now then
-  return 0
+if r[3] == 't' then
+  -- A token claim outlives its lease (the record lasts until the token's deadline),
+  -- so its lease is checked against the deadline it keeps.
+  local ld = tonumber(r[6])
+  if not ld then
+    return {0, 'token claim without a lease deadline'}
+  end
+  local tm = redis.call('TIME')
+  if ld <= tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) then
+    return 0
+  end
 end
 -- Rewritten whole, so no field of the claim (owner, lease, token deadline) survives.
 redis.call('DEL', rec)

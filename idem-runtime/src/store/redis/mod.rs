@@ -403,6 +403,43 @@ impl RedisStore {
         s
     }
 
+    /// Runs one command on the store's own connections, bounded by its timeout, e.g. to
+    /// measure a baseline through the same connections or to inspect a record.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::redis;
+    /// # async fn f() -> Result<(), idem_runtime::Error> {
+    /// let store = idem_runtime::RedisStore::connect("redis://127.0.0.1:6379")?;
+    /// let pong: String = store.command(&redis::cmd("PING")).await?;
+    /// assert_eq!(pong, "PONG");
+    /// # Ok(()) }
+    /// ```
+    pub async fn command<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
+        let inner = &*self.inner;
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let timed_out = || {
+            Error::store(TimedOut {
+                timeout: inner.timeout,
+            })
+        };
+        let mut lease = tokio::time::timeout_at(deadline, inner.conns.get())
+            .await
+            .map_err(|_| timed_out())??;
+        match tokio::time::timeout_at(deadline, cmd.query_async::<T>(&mut lease.conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if is_transport_error(&e) {
+                    inner.conns.retire(&lease);
+                }
+                Err(Error::store(e))
+            }
+            Err(_) => {
+                inner.conns.retire(&lease);
+                Err(timed_out())
+            }
+        }
+    }
+
     /// Runs one script, bounded by the timeout; retires the connection on a transport
     /// failure or a timeout (a hung connection would stall every call sharing it).
     async fn eval(&self, inv: redis::ScriptInvocation<'_>) -> Result<Value, Error> {
