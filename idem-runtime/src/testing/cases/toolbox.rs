@@ -480,13 +480,13 @@ pub async fn bloom_ttl_is_not_refreshed(store: Arc<dyn Store>) {
     let idem = idem(&store);
     let f = BloomFilter::new(&idem, "conformance::ttl", 1000, 0.01)
         .unwrap()
-        .ttl(ms(1000));
+        .ttl(ms(2000));
     assert!(!f.insert("a").await.unwrap());
-    tokio::time::sleep(ms(700)).await;
+    tokio::time::sleep(ms(1000)).await;
     assert!(!f.insert("b").await.unwrap());
     assert!(f.contains("a").await.unwrap());
-    // Past the first insert's ttl, well before a refreshed one would end.
-    tokio::time::sleep(ms(600)).await;
+    // Past the first insert's ttl (2.0 s), before a ttl refreshed by "b" would end (3.0 s).
+    tokio::time::sleep(ms(1500)).await;
     assert!(
         !f.contains("b").await.unwrap(),
         "an insert pushed the filter's expiry back"
