@@ -110,14 +110,20 @@ enum Arg {
     Crate(CrateArg),
 }
 
-fn parse_eq_str(input: ParseStream<'_>) -> syn::Result<LitStr> {
+/// `= "..."`; `example` is shown when the value is not a string literal.
+fn parse_eq_str(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<LitStr> {
     input.parse::<Token![=]>()?;
-    input.parse()
+    if input.peek(LitStr) {
+        return input.parse();
+    }
+    Err(input.error(format!(
+        "`{option}` takes a string literal, e.g. {option} = {example}"
+    )))
 }
 
 impl KeyArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        let lit = parse_eq_str(input)?;
+        let lit = parse_eq_str(input, "key", "\"charge:{order.id}\"")?;
         Ok(KeyArg {
             kw,
             template: Template::parse(lit)?,
@@ -127,7 +133,7 @@ impl KeyArg {
 
 impl StrategyArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        let lit = parse_eq_str(input)?;
+        let lit = parse_eq_str(input, "strategy", "\"lock\"")?;
         let value = match lit.value().as_str() {
             "dedup" => Strategy::Dedup,
             "lock" => Strategy::Lock,
@@ -147,7 +153,7 @@ impl StrategyArg {
 
 impl OnDuplicateArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        let lit = parse_eq_str(input)?;
+        let lit = parse_eq_str(input, "on_duplicate", "\"reject\"")?;
         let value = match lit.value().as_str() {
             "replay" => OnDuplicate::Replay,
             "reject" => OnDuplicate::Reject,
@@ -173,7 +179,12 @@ impl DurationArg {
         allow_zero: bool,
         input: ParseStream<'_>,
     ) -> syn::Result<Self> {
-        let lit = parse_eq_str(input)?;
+        let example = match what {
+            "ttl" => "\"24h\"",
+            "lease" => "\"30s\"",
+            _ => "\"10s\"",
+        };
+        let lit = parse_eq_str(input, what, example)?;
         let millis = parse_millis(&lit.value()).ok_or_else(|| {
             syn::Error::new(
                 lit.span(),
@@ -219,6 +230,11 @@ fn parse_millis(text: &str) -> Option<u64> {
 impl FingerprintArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
         input.parse::<Token![=]>()?;
+        if !input.peek(syn::token::Bracket) {
+            return Err(input.error(
+                "`fingerprint` takes a list of argument names, e.g. fingerprint = [order, cents]",
+            ));
+        }
         let content;
         let brackets = bracketed!(content in input);
         // `Ident::parse_any` so that `self` can be fingerprinted in a method.
@@ -252,6 +268,9 @@ impl FingerprintArg {
 impl CacheErrArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
         input.parse::<Token![=]>()?;
+        if !input.peek(LitBool) {
+            return Err(input.error("`cache_err` takes `true` or `false`, e.g. cache_err = true"));
+        }
         let lit: LitBool = input.parse()?;
         Ok(CacheErrArg {
             kw,
@@ -262,7 +281,7 @@ impl CacheErrArg {
 
 impl CrateArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        let lit = parse_eq_str(input)?;
+        let lit = parse_eq_str(input, "crate", "\"::idem_runtime\"")?;
         let path = lit.parse::<syn::Path>().map_err(|_| {
             syn::Error::new(
                 lit.span(),

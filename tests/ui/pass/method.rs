@@ -26,8 +26,21 @@ impl Shop {
     }
 }
 
+// `async fn` in a trait impl.
+trait Payments {
+    async fn capture(&self, id: u64) -> Result<u64, AppError>;
+}
+
+impl Payments for Shop {
+    #[idempotent(key = "capture:{id}")]
+    async fn capture(&self, id: u64) -> Result<u64, AppError> {
+        Ok(id + self.name.len() as u64)
+    }
+}
+
 fn main() {
     let shop = Shop { name: "s".into() };
     let _a = shop.refund(1);
     let _b = shop.renamed("t");
+    let _c = shop.capture(1);
 }
