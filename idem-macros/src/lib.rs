@@ -40,7 +40,7 @@ use proc_macro::TokenStream;
 /// |---|---|---|
 /// | `key = "tmpl"` | required. `{arg}` and `{arg.field.field}` render that value with `Display`; `{{` and `}}` are literal braces | — |
 /// | `strategy = "dedup" \| "lock" \| "token"` | run once and replay; mutual exclusion only; consume a one-time token | `"dedup"` |
-/// | `ttl = "24h"` | how long a completed record is kept (not for `lock`) | `"24h"` |
+/// | `ttl = "24h"` | how long a completed record is kept (not for `lock`); must be above zero | `"24h"` |
 /// | `lease = "30s"` | in-progress lease, renewed while the body runs; must be above zero | `"30s"` |
 /// | `wait = "10s"` | how long a duplicate waits for its in-flight twin, or for the lock; `"0s"` fails at once | `"10s"` |
 /// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)` (not for `lock`) | dedup: replay, token: reject |
