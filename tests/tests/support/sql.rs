@@ -166,7 +166,7 @@ macro_rules! sql_store_tests {
             let _: u64 = idem.dedup(&LONG, "keep", async { Ok::<_, Error>(1) }).await.unwrap();
             tokio::time::sleep(ms(400)).await;
             let n = s.purge_expired(2).await.unwrap();
-            assert!(n <= 2 && n >= 1, "a batch is bounded: {n}");
+            assert!((1..=2).contains(&n), "a batch is bounded: {n}");
             while s.purge_expired(100).await.unwrap() == 100 {}
             let left = count(&s, format!("SELECT COUNT(*) FROM idem_records WHERE namespace = '{ns}'")).await;
             assert_eq!(left, 1, "only the live record stays");

@@ -204,6 +204,30 @@ fn sql_err(key: Option<&Key>, e: sqlx::Error) -> Error {
     }
 }
 
+/// The pool settings of [`SqlStore::connect`].
+#[allow(dead_code)]
+fn pool_options<DB: sqlx::Database>(max: u32) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(DEFAULT_TIMEOUT)
+        // sqlx pings every connection it hands out by default: one more round trip per
+        // statement, which would double the cost of a replay. A connection idle for a
+        // while is still checked; a busy one is trusted, and if it died its statement
+        // fails with `Error::Store` and the pool replaces it.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > IDLE_CHECK {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
+/// A pooled connection idle longer than this is pinged before use.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
 /// The backend behind a [`SqlStore`].
 #[derive(Clone)]
 enum Backend {
@@ -274,9 +298,7 @@ impl SqlStore {
         match scheme {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
-                let pool = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(16)
-                    .acquire_timeout(DEFAULT_TIMEOUT)
+                let pool = pool_options::<sqlx::Postgres>(16)
                     .connect(url)
                     .await
                     .map_err(Error::store)?;
@@ -285,9 +307,7 @@ impl SqlStore {
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
-                let pool = sqlx::mysql::MySqlPoolOptions::new()
-                    .max_connections(16)
-                    .acquire_timeout(DEFAULT_TIMEOUT)
+                let pool = pool_options::<sqlx::MySql>(16)
                     .connect(&url)
                     .await
                     .map_err(Error::store)?;
@@ -302,9 +322,7 @@ impl SqlStore {
                     .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
                 // An in-memory database exists per connection: share one connection.
                 let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(if in_memory { 1 } else { 8 })
-                    .acquire_timeout(DEFAULT_TIMEOUT)
+                let pool = pool_options::<sqlx::Sqlite>(if in_memory { 1 } else { 8 })
                     .connect_with(opts)
                     .await
                     .map_err(Error::store)?;

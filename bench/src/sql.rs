@@ -1,0 +1,182 @@
+//! SQL store cases of the load program: dedup of a new key and replay of a completed
+//! one, beside a raw `INSERT … ON CONFLICT DO NOTHING` of a new key on the same pool in
+//! the same run, at 1 and 50 concurrent tasks.
+//!
+//! Prints a table and `ratio CASE VALUE` lines (idem's throughput over the raw
+//! baseline's; higher is better).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
+use idem_runtime::{Error, Idem, Options, SqlStore};
+
+static NEW: Options = Options::dedup("bench::sql_new");
+static REPLAY: Options = Options::dedup("bench::sql_replay");
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Backend name: postgres, mysql, sqlite.
+    pub backend: &'static str,
+    /// Case name.
+    pub case: &'static str,
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// Operations per second.
+    pub ops: f64,
+}
+
+/// Runs every SQL case against `url` for `per_case` each and prints the table and
+/// ratio lines.
+pub async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
+    let store = SqlStore::connect(url).await?;
+    let backend = store.backend_name();
+    let table = "idem_bench_raw";
+    raw_exec(&store, &format!("DROP TABLE IF EXISTS {table}")).await?;
+    let id_type = if backend == "mysql" { "BINARY(16)" } else if backend == "postgres" { "BYTEA" } else { "BLOB" };
+    raw_exec(&store, &format!("CREATE TABLE {table} (id {id_type} NOT NULL PRIMARY KEY)")).await?;
+    let insert = match backend {
+        "mysql" => format!("INSERT IGNORE INTO {table} (id) VALUES (?)"),
+        "postgres" => format!("INSERT INTO {table} (id) VALUES ($1) ON CONFLICT DO NOTHING"),
+        _ => format!("INSERT INTO {table} (id) VALUES (?1) ON CONFLICT DO NOTHING"),
+    };
+    let idem = Idem::builder()
+        .store(store.clone())
+        .namespace(format!("bench-{:x}", idem_runtime::Owner::next().0 as u64))
+        .build();
+
+    // Keys to replay: completed once, before the clock starts.
+    let replay_keys = 2000u64;
+    for k in 0..replay_keys {
+        let _: u64 = idem.dedup(&REPLAY, k, async move { Ok::<_, Error>(k) }).await?;
+    }
+
+    let mut rows = Vec::new();
+    for tasks in [1usize, 50] {
+        let raw = measure(tasks, per_case, {
+            let (store, insert) = (store.clone(), insert.clone());
+            move |n| {
+                let (store, insert) = (store.clone(), insert.clone());
+                async move {
+                    let id = id16(n);
+                    raw_insert(&store, &insert, &id).await
+                }
+            }
+        })
+        .await?;
+        rows.push(Row { backend, case: "raw-insert-new", tasks, ops: raw });
+
+        let new = measure(tasks, per_case, {
+            let idem = idem.clone();
+            move |n| {
+                let idem = idem.clone();
+                async move {
+                    let _: u64 = idem.dedup(&NEW, n, async move { Ok::<_, Error>(n) }).await?;
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+        rows.push(Row { backend, case: "dedup-new", tasks, ops: new });
+
+        let replay = measure(tasks, per_case, {
+            let idem = idem.clone();
+            move |n| {
+                let idem = idem.clone();
+                async move {
+                    let k = n % replay_keys;
+                    let v: u64 = idem
+                        .dedup(&REPLAY, k, async move { Ok::<_, Error>(u64::MAX) })
+                        .await?;
+                    debug_assert_eq!(v, k);
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+        rows.push(Row { backend, case: "dedup-replay", tasks, ops: replay });
+    }
+
+    println!("{:<10} {:<16} {:>6} {:>12}", "backend", "case", "tasks", "ops/s");
+    for r in &rows {
+        println!("{:<10} {:<16} {:>6} {:>12.0}", r.backend, r.case, r.tasks, r.ops);
+    }
+    for tasks in [1usize, 50] {
+        let get = |case: &str| {
+            rows.iter()
+                .find(|r| r.case == case && r.tasks == tasks)
+                .map_or(0.0, |r| r.ops)
+        };
+        let raw = get("raw-insert-new").max(f64::MIN_POSITIVE);
+        println!("ratio sql-{backend}-dedup-new-vs-raw-insert-t{tasks} {:.2}", get("dedup-new") / raw);
+        println!("ratio sql-{backend}-dedup-replay-vs-raw-insert-t{tasks} {:.2}", get("dedup-replay") / raw);
+    }
+    raw_exec(&store, &format!("DROP TABLE IF EXISTS {table}")).await?;
+    // Leave no bench records behind.
+    raw_exec(&store, &format!("DELETE FROM idem_records WHERE namespace = '{}'", idem.namespace())).await?;
+    store.close().await;
+    Ok(rows)
+}
+
+/// A 16-byte id unique to this run and `n`.
+fn id16(n: u64) -> [u8; 16] {
+    static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let run = *RUN.get_or_init(|| idem_runtime::Owner::next().0 as u64);
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&run.to_le_bytes());
+    b[8..].copy_from_slice(&n.to_le_bytes());
+    b
+}
+
+/// Runs `op(n)` with distinct `n` from `tasks` tasks for `dur`; returns ops per second.
+async fn measure<F, Fut>(tasks: usize, dur: Duration, op: F) -> Result<f64, Error>
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), Error>> + Send,
+{
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + dur;
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (op, done) = (op.clone(), done.clone());
+        handles.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                op(NEXT.fetch_add(1, Ordering::Relaxed)).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(Error::store)??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn raw_exec(store: &SqlStore, sql: &str) -> Result<(), Error> {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if let Some(p) = store.pg_pool() {
+        sqlx::query(sql).execute(p).await.map_err(Error::store)?;
+    } else if let Some(p) = store.mysql_pool() {
+        sqlx::query(sql).execute(p).await.map_err(Error::store)?;
+    } else if let Some(p) = store.sqlite_pool() {
+        sqlx::query(sql).execute(p).await.map_err(Error::store)?;
+    }
+    Ok(())
+}
+
+async fn raw_insert(store: &SqlStore, insert: &str, id: &[u8; 16]) -> Result<(), Error> {
+    let sql = AssertSqlSafe(insert.to_owned());
+    if let Some(p) = store.pg_pool() {
+        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+    } else if let Some(p) = store.mysql_pool() {
+        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+    } else if let Some(p) = store.sqlite_pool() {
+        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+    }
+    Ok(())
+}
