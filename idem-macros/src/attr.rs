@@ -198,7 +198,14 @@ impl DurationArg {
         if millis == 0 && !allow_zero {
             return Err(syn::Error::new(
                 lit.span(),
-                format!("`{what}` must be greater than zero, e.g. \"30s\""),
+                format!(
+                    "`{what}` must be greater than zero (a zero {what} {}), e.g. {what} = {example}",
+                    if what == "ttl" {
+                        "keeps no record"
+                    } else {
+                        "expires at once"
+                    }
+                ),
             ));
         }
         Ok(DurationArg { kw, millis })

@@ -1,0 +1,17 @@
+use idem_runtime::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idem_runtime::Error> for AppError {
+    fn from(_: idem_runtime::Error) -> Self {
+        AppError
+    }
+}
+
+#[idempotent(key = "charge:{id}", ttl = "0ms")]
+async fn charge(id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+fn main() {}
