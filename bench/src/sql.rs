@@ -14,23 +14,25 @@ use idem_runtime::{Error, Idem, Options, SqlStore};
 
 static NEW: Options = Options::dedup("bench::sql_new");
 static REPLAY: Options = Options::dedup("bench::sql_replay");
+static NEW_ASYNC: Options = Options::dedup("bench::sql_new_async");
+static TX_NEW: Options = Options::dedup("bench::sql_tx_new");
 
 /// One measured case.
 #[derive(Debug, Clone)]
-pub struct Row {
+pub(crate) struct Row {
     /// Backend name: postgres, mysql, sqlite.
-    pub backend: &'static str,
+    pub(crate) backend: &'static str,
     /// Case name.
-    pub case: &'static str,
+    pub(crate) case: &'static str,
     /// Concurrent tasks.
-    pub tasks: usize,
+    pub(crate) tasks: usize,
     /// Operations per second.
-    pub ops: f64,
+    pub(crate) ops: f64,
 }
 
 /// Runs every SQL case against `url` for `per_case` each and prints the table and
 /// ratio lines.
-pub async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
+pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
     let store = SqlStore::connect(url).await?;
     let backend = store.backend_name();
     let table = "idem_bench_raw";
@@ -97,6 +99,37 @@ pub async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
         })
         .await?;
         rows.push(Row { backend, case: "dedup-replay", tasks, ops: replay });
+
+        if backend == "postgres" {
+            let async_idem = Idem::builder()
+                .store(store.clone().with_async_claim_commit(true))
+                .namespace(idem.namespace())
+                .build();
+            let new_async = measure(tasks, per_case, move |n| {
+                let idem = async_idem.clone();
+                async move {
+                    let _: u64 = idem.dedup(&NEW_ASYNC, n, async move { Ok::<_, Error>(n) }).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            rows.push(Row { backend, case: "dedup-new-async", tasks, ops: new_async });
+        }
+
+        // Transactional mode: claim, record and commit in one transaction (one commit
+        // per new key instead of two), no business write.
+        let tx_new = measure(tasks, per_case, {
+            let (store, idem) = (store.clone(), idem.clone());
+            move |n| {
+                let (store, idem) = (store.clone(), idem.clone());
+                async move {
+                    let key = idem.key(&TX_NEW, format_args!("{n}"));
+                    tx_dedup(&store, &key, n).await
+                }
+            }
+        })
+        .await?;
+        rows.push(Row { backend, case: "tx-dedup-new", tasks, ops: tx_new });
     }
 
     println!("{:<10} {:<16} {:>6} {:>12}", "backend", "case", "tasks", "ops/s");
@@ -112,6 +145,13 @@ pub async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
         let raw = get("raw-insert-new").max(f64::MIN_POSITIVE);
         println!("ratio sql-{backend}-dedup-new-vs-raw-insert-t{tasks} {:.2}", get("dedup-new") / raw);
         println!("ratio sql-{backend}-dedup-replay-vs-raw-insert-t{tasks} {:.2}", get("dedup-replay") / raw);
+        println!("ratio sql-{backend}-tx-dedup-new-vs-raw-insert-t{tasks} {:.2}", get("tx-dedup-new") / raw);
+        if backend == "postgres" {
+            println!(
+                "ratio sql-{backend}-dedup-new-async-claim-vs-raw-insert-t{tasks} {:.2}",
+                get("dedup-new-async") / raw
+            );
+        }
     }
     raw_exec(&store, &format!("DROP TABLE IF EXISTS {table}")).await?;
     // Leave no bench records behind.
@@ -155,6 +195,25 @@ where
         h.await.map_err(Error::store)??;
     }
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// One transactional-mode call on whichever database the store runs on.
+async fn tx_dedup(store: &SqlStore, key: &idem_runtime::Key, n: u64) -> Result<(), Error> {
+    use idem_runtime::store::sql::{Begun, TxDatabase};
+    async fn on<DB: TxDatabase>(store: &SqlStore, key: &idem_runtime::Key, n: u64) -> Result<(), Error> {
+        match store.begin::<DB, u64>(&TX_NEW, key).await? {
+            Begun::Replayed(_) => {}
+            Begun::Claimed(tx) => {
+                tx.commit(n).await?;
+            }
+        }
+        Ok(())
+    }
+    match store.backend_name() {
+        "postgres" => on::<sqlx::Postgres>(store, key, n).await,
+        "mysql" => on::<sqlx::MySql>(store, key, n).await,
+        _ => on::<sqlx::Sqlite>(store, key, n).await,
+    }
 }
 
 async fn raw_exec(store: &SqlStore, sql: &str) -> Result<(), Error> {

@@ -116,3 +116,10 @@ async fn killed_connection_is_a_store_error_then_recovers() {
         .unwrap();
     assert_eq!(v, 5);
 }
+
+// The same suite with claims committed asynchronously (semantics must not change).
+idem_runtime::conformance_tests!(conformance_async_claims, || async {
+    super::admin().await;
+    std::sync::Arc::new(super::store().await.with_async_claim_commit(true))
+        as std::sync::Arc<dyn idem_runtime::Store>
+});

@@ -265,6 +265,7 @@ enum Backend {
 pub struct SqlStore {
     backend: Backend,
     timeout: Duration,
+    async_claim_commit: bool,
     watchers: Arc<Watchers>,
 }
 
@@ -406,6 +407,7 @@ impl SqlStore {
         SqlStore {
             backend,
             timeout: DEFAULT_TIMEOUT,
+            async_claim_commit: false,
             watchers: Arc::default(),
         }
     }
@@ -414,6 +416,30 @@ impl SqlStore {
     /// that takes longer fails with [`Error::Store`]. Default: [`DEFAULT_TIMEOUT`].
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// PostgreSQL only: commit claims without waiting for the WAL flush
+    /// (`synchronous_commit = off` for the claim statement alone). Completions, releases
+    /// and transactional mode stay synchronous.
+    ///
+    /// A new key then waits for one WAL flush instead of two; in the repository's
+    /// benchmark this about doubled dedup throughput of new keys at 50 concurrent calls.
+    /// The price: if the *database server* crashes (not the application)
+    /// within a fraction of a second after a claim, the claim may be lost, and a
+    /// duplicate arriving after the server restarts may run the body a second time while
+    /// or after the first one ran. That is the durability Redis offers without
+    /// `appendfsync always`. Off by default.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), idem_runtime::Error> {
+    /// let store = idem_runtime::SqlStore::connect("postgres://postgres@127.0.0.1/test")
+    ///     .await?
+    ///     .with_async_claim_commit(true);
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn with_async_claim_commit(mut self, on: bool) -> Self {
+        self.async_claim_commit = on;
         self
     }
 
@@ -556,7 +582,7 @@ impl SqlStore {
             #[cfg(feature = "postgres")]
             Backend::Postgres(p) => {
                 let mut c = p.acquire().await.map_err(Error::store)?;
-                postgres::claim(&mut c, key, req).await
+                postgres::claim(&mut c, key, req, self.async_claim_commit).await
             }
             #[cfg(feature = "mysql")]
             Backend::MySql { pool, returning } => {

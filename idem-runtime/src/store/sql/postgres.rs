@@ -48,10 +48,11 @@ pub(super) async fn migrate(pool: &PgPool) -> Result<(), Error> {
         .map_err(|e| Error::store(format!("creating idem's table in PostgreSQL failed: {e}")))
 }
 
-const CLAIM: &str = concat!(
+macro_rules! claim_sql {
+    ($($t:tt)*) => { concat!(
     "WITH t AS (SELECT ",
     now!(),
-    " AS now),
+    " AS now", $($t)*, "),
 cur AS (SELECT r.* FROM idem_records r WHERE r.id = $1),
 ins AS (
     INSERT INTO idem_records AS r
@@ -77,7 +78,16 @@ UNION ALL
 SELECT FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
        cur.expires_us - t.now, cur.lease_us - t.now
 FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"
-);
+)
+    };
+}
+
+const CLAIM: &str = claim_sql!("");
+/// The same claim, committed without waiting for the WAL flush (see
+/// [`SqlStore::with_async_claim_commit`](super::SqlStore::with_async_claim_commit)).
+/// `set_config(..., true)` lasts for the statement's own implicit transaction only.
+const CLAIM_ASYNC: &str =
+    claim_sql!(", set_config('synchronous_commit', 'off', true) AS async_commit");
 
 const CLAIM_TOKEN: &str = concat!(
     "WITH t AS (SELECT ",
@@ -118,10 +128,13 @@ fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
     get().map_err(|e| sql_err(Some(key), e))
 }
 
+/// `async_commit`: commit the claim without waiting for the WAL flush. Never inside a
+/// caller's transaction (it would relax that whole transaction).
 pub(super) async fn claim(
     conn: &mut PgConnection,
     key: &Key,
     req: &ClaimRequest,
+    async_commit: bool,
 ) -> Result<Option<Snapshot>, Error> {
     let owner = owner_bytes(req.owner);
     let fp = req.fingerprint.as_ref().map(|f| &f.0[..]);
@@ -134,7 +147,7 @@ pub(super) async fn claim(
             .fetch_optional(&mut *conn)
             .await
     } else {
-        sqlx::query(CLAIM)
+        sqlx::query(if async_commit { CLAIM_ASYNC } else { CLAIM })
             .bind(&key.digest()[..])
             .bind(key.namespace())
             .bind(key.scope())

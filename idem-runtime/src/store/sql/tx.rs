@@ -99,9 +99,13 @@ impl TxDatabase for sqlx::Postgres {
         key: &'c Key,
         req: &'c ClaimRequest,
     ) -> BoxFuture<'c, Result<Option<ClaimOutcome>, Error>> {
-        Box::pin(
-            async move { decide(key, req.kind, super::postgres::claim(conn, key, req).await?) },
-        )
+        Box::pin(async move {
+            decide(
+                key,
+                req.kind,
+                super::postgres::claim(conn, key, req, false).await?,
+            )
+        })
     }
 
     fn __complete<'c>(
