@@ -37,8 +37,18 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
     let backend = store.backend_name();
     let table = "idem_bench_raw";
     raw_exec(&store, &format!("DROP TABLE IF EXISTS {table}")).await?;
-    let id_type = if backend == "mysql" { "BINARY(16)" } else if backend == "postgres" { "BYTEA" } else { "BLOB" };
-    raw_exec(&store, &format!("CREATE TABLE {table} (id {id_type} NOT NULL PRIMARY KEY)")).await?;
+    let id_type = if backend == "mysql" {
+        "BINARY(16)"
+    } else if backend == "postgres" {
+        "BYTEA"
+    } else {
+        "BLOB"
+    };
+    raw_exec(
+        &store,
+        &format!("CREATE TABLE {table} (id {id_type} NOT NULL PRIMARY KEY)"),
+    )
+    .await?;
     let insert = match backend {
         "mysql" => format!("INSERT IGNORE INTO {table} (id) VALUES (?)"),
         "postgres" => format!("INSERT INTO {table} (id) VALUES ($1) ON CONFLICT DO NOTHING"),
@@ -52,7 +62,9 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
     // Keys to replay: completed once, before the clock starts.
     let replay_keys = 2000u64;
     for k in 0..replay_keys {
-        let _: u64 = idem.dedup(&REPLAY, k, async move { Ok::<_, Error>(k) }).await?;
+        let _: u64 = idem
+            .dedup(&REPLAY, k, async move { Ok::<_, Error>(k) })
+            .await?;
     }
 
     let mut rows = Vec::new();
@@ -68,20 +80,32 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
             }
         })
         .await?;
-        rows.push(Row { backend, case: "raw-insert-new", tasks, ops: raw });
+        rows.push(Row {
+            backend,
+            case: "raw-insert-new",
+            tasks,
+            ops: raw,
+        });
 
         let new = measure(tasks, per_case, {
             let idem = idem.clone();
             move |n| {
                 let idem = idem.clone();
                 async move {
-                    let _: u64 = idem.dedup(&NEW, n, async move { Ok::<_, Error>(n) }).await?;
+                    let _: u64 = idem
+                        .dedup(&NEW, n, async move { Ok::<_, Error>(n) })
+                        .await?;
                     Ok(())
                 }
             }
         })
         .await?;
-        rows.push(Row { backend, case: "dedup-new", tasks, ops: new });
+        rows.push(Row {
+            backend,
+            case: "dedup-new",
+            tasks,
+            ops: new,
+        });
 
         let replay = measure(tasks, per_case, {
             let idem = idem.clone();
@@ -98,7 +122,12 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
             }
         })
         .await?;
-        rows.push(Row { backend, case: "dedup-replay", tasks, ops: replay });
+        rows.push(Row {
+            backend,
+            case: "dedup-replay",
+            tasks,
+            ops: replay,
+        });
 
         if backend == "postgres" {
             let async_idem = Idem::builder()
@@ -108,12 +137,19 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
             let new_async = measure(tasks, per_case, move |n| {
                 let idem = async_idem.clone();
                 async move {
-                    let _: u64 = idem.dedup(&NEW_ASYNC, n, async move { Ok::<_, Error>(n) }).await?;
+                    let _: u64 = idem
+                        .dedup(&NEW_ASYNC, n, async move { Ok::<_, Error>(n) })
+                        .await?;
                     Ok(())
                 }
             })
             .await?;
-            rows.push(Row { backend, case: "dedup-new-async", tasks, ops: new_async });
+            rows.push(Row {
+                backend,
+                case: "dedup-new-async",
+                tasks,
+                ops: new_async,
+            });
         }
 
         // Transactional mode: claim, record and commit in one transaction (one commit
@@ -129,12 +165,23 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
             }
         })
         .await?;
-        rows.push(Row { backend, case: "tx-dedup-new", tasks, ops: tx_new });
+        rows.push(Row {
+            backend,
+            case: "tx-dedup-new",
+            tasks,
+            ops: tx_new,
+        });
     }
 
-    println!("{:<10} {:<16} {:>6} {:>12}", "backend", "case", "tasks", "ops/s");
+    println!(
+        "{:<10} {:<16} {:>6} {:>12}",
+        "backend", "case", "tasks", "ops/s"
+    );
     for r in &rows {
-        println!("{:<10} {:<16} {:>6} {:>12.0}", r.backend, r.case, r.tasks, r.ops);
+        println!(
+            "{:<10} {:<16} {:>6} {:>12.0}",
+            r.backend, r.case, r.tasks, r.ops
+        );
     }
     for tasks in [1usize, 50] {
         let get = |case: &str| {
@@ -143,9 +190,18 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
                 .map_or(0.0, |r| r.ops)
         };
         let raw = get("raw-insert-new").max(f64::MIN_POSITIVE);
-        println!("ratio sql-{backend}-dedup-new-vs-raw-insert-t{tasks} {:.2}", get("dedup-new") / raw);
-        println!("ratio sql-{backend}-dedup-replay-vs-raw-insert-t{tasks} {:.2}", get("dedup-replay") / raw);
-        println!("ratio sql-{backend}-tx-dedup-new-vs-raw-insert-t{tasks} {:.2}", get("tx-dedup-new") / raw);
+        println!(
+            "ratio sql-{backend}-dedup-new-vs-raw-insert-t{tasks} {:.2}",
+            get("dedup-new") / raw
+        );
+        println!(
+            "ratio sql-{backend}-dedup-replay-vs-raw-insert-t{tasks} {:.2}",
+            get("dedup-replay") / raw
+        );
+        println!(
+            "ratio sql-{backend}-tx-dedup-new-vs-raw-insert-t{tasks} {:.2}",
+            get("tx-dedup-new") / raw
+        );
         if backend == "postgres" {
             println!(
                 "ratio sql-{backend}-dedup-new-async-claim-vs-raw-insert-t{tasks} {:.2}",
@@ -155,7 +211,14 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
     }
     raw_exec(&store, &format!("DROP TABLE IF EXISTS {table}")).await?;
     // Leave no bench records behind.
-    raw_exec(&store, &format!("DELETE FROM idem_records WHERE namespace = '{}'", idem.namespace())).await?;
+    raw_exec(
+        &store,
+        &format!(
+            "DELETE FROM idem_records WHERE namespace = '{}'",
+            idem.namespace()
+        ),
+    )
+    .await?;
     store.close().await;
     Ok(rows)
 }
@@ -200,7 +263,11 @@ where
 /// One transactional-mode call on whichever database the store runs on.
 async fn tx_dedup(store: &SqlStore, key: &idem_runtime::Key, n: u64) -> Result<(), Error> {
     use idem_runtime::store::sql::{Begun, TxDatabase};
-    async fn on<DB: TxDatabase>(store: &SqlStore, key: &idem_runtime::Key, n: u64) -> Result<(), Error> {
+    async fn on<DB: TxDatabase>(
+        store: &SqlStore,
+        key: &idem_runtime::Key,
+        n: u64,
+    ) -> Result<(), Error> {
         match store.begin::<DB, u64>(&TX_NEW, key).await? {
             Begun::Replayed(_) => {}
             Begun::Claimed(tx) => {
@@ -231,11 +298,23 @@ async fn raw_exec(store: &SqlStore, sql: &str) -> Result<(), Error> {
 async fn raw_insert(store: &SqlStore, insert: &str, id: &[u8; 16]) -> Result<(), Error> {
     let sql = AssertSqlSafe(insert.to_owned());
     if let Some(p) = store.pg_pool() {
-        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+        sqlx::query(sql)
+            .bind(&id[..])
+            .execute(p)
+            .await
+            .map_err(Error::store)?;
     } else if let Some(p) = store.mysql_pool() {
-        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+        sqlx::query(sql)
+            .bind(&id[..])
+            .execute(p)
+            .await
+            .map_err(Error::store)?;
     } else if let Some(p) = store.sqlite_pool() {
-        sqlx::query(sql).bind(&id[..]).execute(p).await.map_err(Error::store)?;
+        sqlx::query(sql)
+            .bind(&id[..])
+            .execute(p)
+            .await
+            .map_err(Error::store)?;
     }
     Ok(())
 }
