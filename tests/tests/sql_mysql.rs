@@ -89,7 +89,7 @@ async fn killed_connection_is_a_store_error_then_recovers() {
         .await
         .unwrap();
     let claim = {
-        let (s, key) = (s.clone(), key.clone());
+        let s = s.clone();
         tokio::spawn(async move {
             let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000));
             s.claim(&key, &req).await

@@ -297,7 +297,7 @@ macro_rules! sql_store_tests {
             let runs = Arc::new(AtomicUsize::new(0));
             let mut tasks = Vec::new();
             for i in 0..8u64 {
-                let (s, key, runs, table) = (s.clone(), key.clone(), runs.clone(), table.clone());
+                let (s, key, runs, table) = (s.clone(), key, runs.clone(), table.clone());
                 tasks.push(tokio::spawn(async move {
                     s.transaction(&ORDER, &key, |tx: &mut Transaction<'static, $db>| Box::pin(async move {
                         runs.fetch_add(1, Ordering::SeqCst);

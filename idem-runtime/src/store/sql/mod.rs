@@ -187,7 +187,7 @@ fn decide(
 
 fn corrupt(key: &Key, reason: &str) -> Error {
     Error::Corrupt {
-        key: key.clone(),
+        key: *key,
         reason: reason.to_owned(),
     }
 }
@@ -197,7 +197,7 @@ fn corrupt(key: &Key, reason: &str) -> Error {
 fn sql_err(key: Option<&Key>, e: sqlx::Error) -> Error {
     match (key, &e) {
         (Some(key), sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => Error::Corrupt {
-            key: key.clone(),
+            key: *key,
             reason: format!("a column does not decode: {e}"),
         },
         _ => Error::store(e),

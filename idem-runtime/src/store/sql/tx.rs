@@ -422,7 +422,7 @@ impl SqlStore {
             ClaimRequest::new(ClaimKind::Dedup, owner, TX_LEASE).with_fingerprint(fingerprint);
         let deadline = tokio::time::Instant::now() + opts.wait_for();
         let mismatch = |stored: Option<Fingerprint>| match (fingerprint, stored) {
-            (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: key.clone() }),
+            (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
             _ => Ok(()),
         };
         let mut poll = POLL_MIN;
@@ -438,7 +438,7 @@ impl SqlStore {
                     return Ok(Begun::Claimed(IdemTransaction {
                         tx,
                         store: self.clone(),
-                        key: key.clone(),
+                        key: *key,
                         owner,
                         ttl: opts.ttl_for(),
                     }));
@@ -453,7 +453,7 @@ impl SqlStore {
                     drop(tx);
                     mismatch(stored)?;
                     return match opts.duplicate_policy() {
-                        OnDuplicate::Reject => Err(Error::Duplicate { key: key.clone() }),
+                        OnDuplicate::Reject => Err(Error::Duplicate { key: *key }),
                         OnDuplicate::Replay => Ok(Begun::Replayed(C::decode(key, &value)?)),
                     };
                 }
@@ -478,7 +478,7 @@ impl SqlStore {
             };
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Err(Error::InProgress { key: key.clone() });
+                return Err(Error::InProgress { key: *key });
             }
             poll = (poll * 2).min(POLL_MAX);
             let nap = poll.min(retry_in + Duration::from_millis(1));
