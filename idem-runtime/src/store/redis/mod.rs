@@ -30,11 +30,13 @@
 mod conn;
 mod notify;
 
+use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Script, Value};
+
+use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 
 use self::conn::{Connections, Source, is_transport_error};
 use self::notify::Notifier;
@@ -398,7 +400,9 @@ impl RedisStore {
         s.push(':');
         s.push_str(key.scope());
         s.push_str(":{");
-        s.push_str(&key.digest_hex());
+        for b in key.digest() {
+            let _ = write!(s, "{b:02x}");
+        }
         s.push('}');
         s
     }
@@ -440,9 +444,10 @@ impl RedisStore {
         }
     }
 
-    /// Runs one script, bounded by the timeout; retires the connection on a transport
-    /// failure or a timeout (a hung connection would stall every call sharing it).
-    async fn eval(&self, inv: redis::ScriptInvocation<'_>) -> Result<Value, Error> {
+    /// Runs one script by SHA (`cmd` from [`evalsha`]), loading it on `NOSCRIPT` (a
+    /// restarted or flushed server), bounded by the timeout. Retires the connection on a
+    /// transport failure or a timeout (a hung connection would stall every call sharing it).
+    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<Value, Error> {
         let inner = &*self.inner;
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let timed_out = || {
@@ -453,7 +458,16 @@ impl RedisStore {
         let mut lease = tokio::time::timeout_at(deadline, inner.conns.get())
             .await
             .map_err(|_| timed_out())??;
-        match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut lease.conn)).await {
+        let run = async {
+            match cmd.query_async::<Value>(&mut lease.conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut lease.conn).await?;
+                    cmd.query_async::<Value>(&mut lease.conn).await
+                }
+                r => r,
+            }
+        };
+        match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 if is_transport_error(&e) {
@@ -469,8 +483,8 @@ impl RedisStore {
     }
 
     /// Runs a script that answers 1/0 (or a corrupt-record report).
-    async fn eval_bool(&self, key: &Key, inv: redis::ScriptInvocation<'_>) -> Result<bool, Error> {
-        match self.eval(inv).await? {
+    async fn eval_bool(&self, key: &Key, script: &Script, cmd: Cmd) -> Result<bool, Error> {
+        match self.eval(script, cmd).await? {
             Value::Int(n) => Ok(n == 1),
             Value::Array(items) => Err(corrupt_from(key, &items)),
             other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
@@ -513,8 +527,24 @@ fn ceil_millis(d: Duration) -> u64 {
     }
 }
 
-fn owner_hex(o: Owner) -> String {
-    format!("{:032x}", o.0)
+/// `EVALSHA <sha> <nkeys>`, to which the caller appends keys and arguments. Built
+/// directly rather than through `redis::ScriptInvocation`, which copies every key and
+/// argument once more on each call.
+fn evalsha(script: &Script, nkeys: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(10, 256);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
+    cmd
+}
+
+/// The owner as 32 lowercase hex digits, without a heap allocation.
+fn owner_hex(o: Owner) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in o.0.to_be_bytes().iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+    out
 }
 
 fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
@@ -586,16 +616,23 @@ impl Store for RedisStore {
                 Some(f) => &f.0,
                 None => b"",
             };
-            let mut inv = CLAIM.prepare_invoke();
-            inv.key(&rec)
-                .key(format!("{rec}:fence"))
-                .arg(kind)
-                .arg(owner_hex(req.owner))
+            // Only a lock claim names its fence counter (same hash tag, same slot).
+            let mut cmd = if req.kind == ClaimKind::Lock {
+                let mut c = evalsha(&CLAIM, 2);
+                c.arg(&rec).arg(format!("{rec}:fence"));
+                c
+            } else {
+                let mut c = evalsha(&CLAIM, 1);
+                c.arg(&rec);
+                c
+            };
+            cmd.arg(kind)
+                .arg(&owner_hex(req.owner)[..])
                 .arg(ceil_millis(req.lease))
                 .arg(fp)
                 .arg(self.inner.fence_ttl_ms.max(ceil_millis(req.lease) + 1000))
                 .arg(self.inner.notifier.channel());
-            parse_claim(key, self.eval(inv).await?)
+            parse_claim(key, self.eval(&CLAIM, cmd).await?)
         })
     }
 
@@ -607,23 +644,23 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut inv = COMPLETE.prepare_invoke();
-            inv.key(self.record_name(key))
-                .arg(owner_hex(owner))
+            let mut cmd = evalsha(&COMPLETE, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner_hex(owner)[..])
                 .arg(value.as_ref())
                 .arg(ceil_millis(ttl))
                 .arg(self.inner.notifier.channel());
-            self.eval_bool(key, inv).await
+            self.eval_bool(key, &COMPLETE, cmd).await
         })
     }
 
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut inv = RELEASE.prepare_invoke();
-            inv.key(self.record_name(key))
-                .arg(owner_hex(owner))
+            let mut cmd = evalsha(&RELEASE, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner_hex(owner)[..])
                 .arg(self.inner.notifier.channel());
-            self.eval_bool(key, inv).await
+            self.eval_bool(key, &RELEASE, cmd).await
         })
     }
 
@@ -634,19 +671,19 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut inv = RENEW.prepare_invoke();
-            inv.key(self.record_name(key))
-                .arg(owner_hex(owner))
+            let mut cmd = evalsha(&RENEW, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner_hex(owner)[..])
                 .arg(ceil_millis(lease));
-            self.eval_bool(key, inv).await
+            self.eval_bool(key, &RENEW, cmd).await
         })
     }
 
     fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut inv = ISSUE.prepare_invoke();
-            inv.key(self.record_name(key)).arg(ceil_millis(ttl));
-            self.eval_bool(key, inv).await
+            let mut cmd = evalsha(&ISSUE, 1);
+            cmd.arg(self.record_name(key)).arg(ceil_millis(ttl));
+            self.eval_bool(key, &ISSUE, cmd).await
         })
     }
 
