@@ -61,60 +61,64 @@ idem_runtime::conformance_tests!(conformance, || async {
     std::sync::Arc::new(super::store().await) as std::sync::Arc<dyn idem_runtime::Store>
 });
 
-/// A store connection killed while its claim waits in the server is `Error::Store`;
-/// the next call gets a fresh connection and works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The store's connection killed by the server (`pg_terminate_backend`) between two
+/// calls: the next call fails with `Error::Store` (its claim never reached the server,
+/// so the key stays free), and the call after it runs on a fresh connection.
+#[tokio::test]
 async fn killed_connection_is_a_store_error_then_recovers() {
-    let s = store().await;
-    let ns = unique("kill");
-    let idem = idem_for(&s, &ns);
-    let key = idem.key(&DEDUP, format_args!("k"));
-    // Another session holds the key's row uncommitted, so the store's claim blocks in
-    // the server on the unique key, where it can be killed.
+    use idem_runtime::store::sql::sqlx::postgres::PgPoolOptions;
+    // One connection, not tested before use: the call after the kill meets it dead.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&url())
+        .await
+        .expect("connect");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let s = SqlStore::from_pg_pool(pool).await.unwrap();
+    let idem = idem_for(&s, &unique("kill"));
+    let v: u64 = idem
+        .dedup(&DEDUP, "before", async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(v, 1);
     let admin = admin().await;
-    let mut blocker = admin.begin().await.unwrap();
-    sqlx::query("INSERT INTO idem_records (id, namespace, scope, kind, state, expires_us) VALUES ($1, $2, 'x', 0, 2, 0)")
-        .bind(&key.digest()[..])
-        .bind(&ns)
-        .execute(&mut *blocker)
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&admin)
         .await
         .unwrap();
-    let claim = {
-        let s = s.clone();
-        tokio::spawn(async move {
-            let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000));
-            s.claim(&key, &req).await
+    assert!(killed);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let admin = admin.clone();
+            async move {
+                let n: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1")
+                        .bind(pid)
+                        .fetch_one(&admin)
+                        .await
+                        .unwrap();
+                n == 0
+            }
         })
-    };
-    let killed = eventually(Duration::from_secs(20), || {
-        let admin = admin.clone();
-        async move {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND query LIKE 'WITH t AS%idem_records%'",
-            )
-            .fetch_one(&admin)
-            .await
-            .unwrap();
-            n > 0
-        }
-    })
-    .await;
-    assert!(killed, "found the blocked claim's backend");
-    let r = claim.await.unwrap();
+        .await
+    );
+    let r: Result<u64, Error> = idem.dedup(&DEDUP, "during", async { Ok(2) }).await;
     assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
-    blocker.rollback().await.unwrap();
-    // Recovery: the pool replaces the dead connection.
     let v: u64 = idem
-        .dedup(&DEDUP, "k", async { Ok::<_, Error>(5) })
+        .dedup(&DEDUP, "during", async { Ok::<_, Error>(3) })
         .await
         .unwrap();
-    assert_eq!(v, 5);
+    assert_eq!(v, 3, "the failed call claimed nothing; the retry runs");
     let v: u64 = idem
-        .dedup(&DEDUP, "k", async { Ok::<_, Error>(6) })
+        .dedup(&DEDUP, "before", async { Ok::<_, Error>(4) })
         .await
         .unwrap();
-    assert_eq!(v, 5);
+    assert_eq!(v, 1, "records made before the kill replay");
 }
 
 // The same suite with claims committed asynchronously (semantics must not change).

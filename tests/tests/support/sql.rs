@@ -284,6 +284,33 @@ macro_rules! sql_store_tests {
             exec(&s, format!("DROP TABLE {table}")).await;
         }
 
+        /// A normal call on a key held by an open transactional-mode call does not hang
+        /// in the server: with `wait = 0` it is `InProgress` at once; a waiting one
+        /// replays the value once the transaction commits.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn normal_call_on_a_key_held_by_an_open_transaction() {
+            use idem_runtime::store::sql::Begun;
+            let s = store().await;
+            let idem = idem_for(&s, &unique("mixed"));
+            static NOW: Options = Options::dedup("sql::mixed").wait(Duration::ZERO);
+            static PATIENT: Options = Options::dedup("sql::mixed").wait(Duration::from_secs(60));
+            let key = idem.key(&NOW, format_args!("k"));
+            let Begun::Claimed(tx) = s.begin::<$db, u64>(&NOW, &key).await.unwrap() else {
+                panic!("a new key is claimed")
+            };
+            let r: Result<u64, Error> = idem.dedup(&NOW, "k", async { Ok(1) }).await;
+            assert!(matches!(r, Err(Error::InProgress { .. })), "{r:?}");
+            let waiter = {
+                let idem = idem.clone();
+                tokio::spawn(async move {
+                    idem.dedup(&PATIENT, "k", async { Ok::<u64, Error>(2) }).await
+                })
+            };
+            tokio::time::sleep(ms(300)).await;
+            assert_eq!(tx.commit(7u64).await.unwrap(), 7);
+            assert_eq!(waiter.await.unwrap().unwrap(), 7, "replayed the committed value");
+        }
+
         /// Concurrent transactional duplicates: one body, one business row, one answer.
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_transactions_run_once() {

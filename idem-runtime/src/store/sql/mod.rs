@@ -71,6 +71,10 @@ const MAX_DURATION_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
 /// (a race with another claimer) is run again, at most this many times.
 const CLAIM_ATTEMPTS: usize = 16;
 
+/// When a claim gave up waiting for a row lock (a transactional-mode twin's open
+/// transaction), how soon to look again.
+const LOCK_WAIT_RETRY: Duration = Duration::from_millis(10);
+
 /// Default bound on every store call, connection acquisition included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -204,8 +208,21 @@ fn sql_err(key: Option<&Key>, e: sqlx::Error) -> Error {
     }
 }
 
+/// A lock wait that ran out (PostgreSQL `lock_timeout`, InnoDB lock wait timeout,
+/// SQLite busy): a twin's transaction holds the key.
+pub(super) fn is_lock_wait(e: &Error) -> bool {
+    let Error::Store(source) = e else {
+        return false;
+    };
+    let Some(sqlx::Error::Database(db)) = source.downcast_ref::<sqlx::Error>() else {
+        return false;
+    };
+    let code = db.code();
+    matches!(code.as_deref(), Some("55P03" | "5" | "517" | "261"))
+        || db.message().contains("Lock wait timeout")
+}
+
 /// The pool settings of [`SqlStore::connect`].
-#[allow(dead_code)]
 fn pool_options<DB: sqlx::Database>(max: u32) -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(max)
@@ -582,12 +599,12 @@ impl SqlStore {
             #[cfg(feature = "postgres")]
             Backend::Postgres(p) => {
                 let mut c = p.acquire().await.map_err(Error::store)?;
-                postgres::claim(&mut c, key, req, self.async_claim_commit).await
+                postgres::claim(&mut c, key, req, false, self.async_claim_commit).await
             }
             #[cfg(feature = "mysql")]
             Backend::MySql { pool, returning } => {
                 let mut c = pool.acquire().await.map_err(Error::store)?;
-                mysql::claim(&mut c, *returning, key, req).await
+                mysql::claim(&mut c, *returning, false, key, req).await
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(p) => {
@@ -599,7 +616,16 @@ impl SqlStore {
 
     async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let snap = self.claim_once(key, req).await?;
+            let snap = match self.claim_once(key, req).await {
+                // A transactional-mode twin holds the key uncommitted: busy, not broken.
+                Err(e) if is_lock_wait(&e) => {
+                    return Ok(ClaimOutcome::Busy {
+                        retry_in: LOCK_WAIT_RETRY,
+                        fingerprint: None,
+                    });
+                }
+                other => other?,
+            };
             if let Some(outcome) = decide(key, req.kind, snap)? {
                 return Ok(outcome);
             }

@@ -147,6 +147,19 @@ const CLAIM_RETURNING: &str = claim_sql!(concat!(
     " AS lease_left_us"
 ));
 const CLAIM_PLAIN: &str = claim_sql!("");
+/// MariaDB, on its own (autocommit): a key held by an uncommitted transactional-mode
+/// claim blocks the insert on the unique key; give up after 1 s (error 1205, answered as
+/// `Busy`) so the caller waits by its own rules instead of inside the server.
+const CLAIM_RETURNING_BOUNDED: &str = concat!(
+    "SET STATEMENT innodb_lock_wait_timeout = 1 FOR ",
+    claim_sql!(concat!(
+        "\nRETURNING owner, state, fence, fingerprint, value, expires_us - ",
+        now!(),
+        " AS remaining_us, lease_us - ",
+        now!(),
+        " AS lease_left_us"
+    ))
+);
 
 const SELECT: &str = concat!(
     "SELECT owner, state, fence, fingerprint, value, expires_us - ",
@@ -210,6 +223,7 @@ async fn read(
 pub(super) async fn claim(
     conn: &mut MySqlConnection,
     returning: bool,
+    in_tx: bool,
     key: &Key,
     req: &ClaimRequest,
 ) -> Result<Option<Snapshot>, Error> {
@@ -234,10 +248,10 @@ pub(super) async fn claim(
         }
         return read(conn, key, &owner).await;
     }
-    let q = sqlx::query(if returning {
-        CLAIM_RETURNING
-    } else {
-        CLAIM_PLAIN
+    let q = sqlx::query(match (returning, in_tx) {
+        (true, false) => CLAIM_RETURNING_BOUNDED,
+        (true, true) => CLAIM_RETURNING,
+        (false, _) => CLAIM_PLAIN,
     })
     .bind(&key.digest()[..])
     .bind(key.namespace())

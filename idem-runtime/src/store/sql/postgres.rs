@@ -82,12 +82,19 @@ FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"
     };
 }
 
-const CLAIM: &str = claim_sql!("");
-/// The same claim, committed without waiting for the WAL flush (see
+/// Inside a caller's transaction (transactional mode), which sets its own lock timeout.
+const CLAIM_IN_TX: &str = claim_sql!("");
+/// On its own (autocommit). A key held by an uncommitted transactional-mode claim
+/// blocks the insert on the unique key; `lock_timeout` turns a long wait into error
+/// 55P03, answered as `Busy` so the caller waits by its own rules instead of inside the
+/// server. `set_config(..., true)` lasts for the statement's implicit transaction only.
+const CLAIM: &str = claim_sql!(", set_config('lock_timeout', '1000', true) AS lock_timeout");
+/// The same, committed without waiting for the WAL flush (see
 /// [`SqlStore::with_async_claim_commit`](super::SqlStore::with_async_claim_commit)).
-/// `set_config(..., true)` lasts for the statement's own implicit transaction only.
-const CLAIM_ASYNC: &str =
-    claim_sql!(", set_config('synchronous_commit', 'off', true) AS async_commit");
+const CLAIM_ASYNC: &str = claim_sql!(
+    ", set_config('lock_timeout', '1000', true) AS lock_timeout, \
+     set_config('synchronous_commit', 'off', true) AS async_commit"
+);
 
 const CLAIM_TOKEN: &str = concat!(
     "WITH t AS (SELECT ",
@@ -128,12 +135,13 @@ fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
     get().map_err(|e| sql_err(Some(key), e))
 }
 
-/// `async_commit`: commit the claim without waiting for the WAL flush. Never inside a
-/// caller's transaction (it would relax that whole transaction).
+/// `in_tx`: the claim runs inside the caller's transaction, whose settings it must not
+/// touch. `async_commit` (never with `in_tx`): commit without waiting for the WAL flush.
 pub(super) async fn claim(
     conn: &mut PgConnection,
     key: &Key,
     req: &ClaimRequest,
+    in_tx: bool,
     async_commit: bool,
 ) -> Result<Option<Snapshot>, Error> {
     let owner = owner_bytes(req.owner);
@@ -147,16 +155,20 @@ pub(super) async fn claim(
             .fetch_optional(&mut *conn)
             .await
     } else {
-        sqlx::query(if async_commit { CLAIM_ASYNC } else { CLAIM })
-            .bind(&key.digest()[..])
-            .bind(key.namespace())
-            .bind(key.scope())
-            .bind(kind_code(req.kind))
-            .bind(&owner[..])
-            .bind(fp)
-            .bind(us(req.lease))
-            .fetch_optional(&mut *conn)
-            .await
+        sqlx::query(match (in_tx, async_commit) {
+            (true, _) => CLAIM_IN_TX,
+            (false, true) => CLAIM_ASYNC,
+            (false, false) => CLAIM,
+        })
+        .bind(&key.digest()[..])
+        .bind(key.namespace())
+        .bind(key.scope())
+        .bind(kind_code(req.kind))
+        .bind(&owner[..])
+        .bind(fp)
+        .bind(us(req.lease))
+        .fetch_optional(&mut *conn)
+        .await
     }
     .map_err(|e| sql_err(Some(key), e))?;
     row.map(|r| snapshot(key, &r)).transpose()

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{BoxFuture, SqlStore, decide};
+use super::{BoxFuture, SqlStore, decide, is_lock_wait};
 use crate::codec::{Codec, ReplayOk};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
@@ -103,7 +103,7 @@ impl TxDatabase for sqlx::Postgres {
             decide(
                 key,
                 req.kind,
-                super::postgres::claim(conn, key, req, false).await?,
+                super::postgres::claim(conn, key, req, true, false).await?,
             )
         })
     }
@@ -153,7 +153,7 @@ impl TxDatabase for sqlx::MySql {
             decide(
                 key,
                 req.kind,
-                super::mysql::claim(conn, returning, key, req).await?,
+                super::mysql::claim(conn, returning, true, key, req).await?,
             )
         })
     }
@@ -209,20 +209,6 @@ impl TxDatabase for sqlx::Sqlite {
     ) -> BoxFuture<'c, Result<bool, Error>> {
         Box::pin(super::sqlite::complete(conn, key, owner, value, ttl))
     }
-}
-
-/// A lock wait that ran out (PostgreSQL `lock_timeout`, InnoDB lock wait timeout,
-/// SQLite busy): a twin's transaction holds the key.
-fn is_lock_wait(e: &Error) -> bool {
-    let Error::Store(source) = e else {
-        return false;
-    };
-    let Some(sqlx::Error::Database(db)) = source.downcast_ref::<sqlx::Error>() else {
-        return false;
-    };
-    let code = db.code();
-    matches!(code.as_deref(), Some("55P03" | "5" | "517" | "261"))
-        || db.message().contains("Lock wait timeout")
 }
 
 /// What [`SqlStore::begin`] found.
