@@ -1,5 +1,6 @@
 //! The conformance suite on the Redis store: the machine's server on 6379 (standalone)
 //! and a private 3-master Cluster started once for this test binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/redis_harness.rs"]
 mod harness;

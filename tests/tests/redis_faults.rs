@@ -3,6 +3,7 @@
 //!
 //! Child processes are this test binary run again with `IDEM_REDIS_CHILD` set: the
 //! `child` test below then plays the part named there and never returns normally.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/redis_harness.rs"]
 mod harness;

@@ -1,5 +1,6 @@
 //! Redis store specifics beyond the conformance suite: round trips per step, record
 //! layout and garbage, token leases, wake-ups, timeouts and recovery.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/redis_harness.rs"]
 mod harness;
@@ -157,7 +158,8 @@ async fn garbage_records_are_corrupt() {
     let mut c = raw(url).await;
     let owner = Owner::next();
     let dedup = ClaimRequest::new(ClaimKind::Dedup, owner, ms(5000));
-    let garbage: Vec<(&str, Vec<(&str, &[u8])>)> = vec![
+    type Fields = Vec<(&'static str, &'static [u8])>;
+    let garbage: Vec<(&str, Fields)> = vec![
         ("string", vec![]),
         ("no state", vec![("x", b"1")]),
         ("unknown state", vec![("s", b"zz")]),

@@ -383,11 +383,10 @@ impl RedisStore {
     /// The braces make the digest the Cluster hash tag.
     ///
     /// ```
-    /// use std::sync::Arc;
     /// use idem_runtime::{Key, RedisStore};
     /// # fn main() -> Result<(), idem_runtime::Error> {
     /// let store = RedisStore::connect("redis://127.0.0.1:6379")?;
-    /// let key = Key::from_str(&Arc::from("shop"), "charge", "order-42");
+    /// let key = Key::from_str("shop", "charge", "order-42");
     /// assert!(store.record_name(&key).starts_with("idem:shop:charge:{"));
     /// # Ok(()) }
     /// ```
@@ -549,7 +548,7 @@ fn owner_hex(o: Owner) -> [u8; 32] {
 
 fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
     Error::Corrupt {
-        key: key.clone(),
+        key: *key,
         reason: reason.into(),
     }
 }
@@ -713,7 +712,7 @@ mod tests {
 
     #[test]
     fn garbage_replies_are_corrupt_not_panics() {
-        let key = Key::from_str(&Arc::from("t"), "s", "k");
+        let key = Key::from_str("t", "s", "k");
         for v in [
             Value::Nil,
             Value::Int(7),

@@ -1,0 +1,54 @@
+//! The physical minimum: raw `SET NX PX` (one round trip) and `SET NX PX` + `DEL` (two),
+//! through the very connections `RedisStore` uses (`RedisStore::command`).
+
+use idem_runtime::store::redis::redis;
+
+use super::Ctx;
+use crate::runner::run;
+use crate::stats::Row;
+
+pub(crate) const ONE_RT: &str = "raw SET NX PX (1 RT)";
+pub(crate) const TWO_RT: &str = "raw SET NX PX + DEL (2 RT)";
+
+pub(crate) async fn set_nx_px(ctx: &Ctx, tasks: usize) -> Row {
+    let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
+    run("baseline", ONE_RT, tasks, ctx.secs, move |t, i| {
+        let (store, run_id) = (store.clone(), run_id.clone());
+        async move {
+            let cmd = set_cmd(&run_id, t, i);
+            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+pub(crate) async fn set_nx_px_del(ctx: &Ctx, tasks: usize) -> Row {
+    let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
+    run("baseline", TWO_RT, tasks, ctx.secs, move |t, i| {
+        let (store, run_id) = (store.clone(), run_id.clone());
+        async move {
+            let cmd = set_cmd(&run_id, t, i);
+            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
+            let mut del = redis::cmd("DEL");
+            del.arg(key(&run_id, t, i));
+            let _: i64 = store.command(&del).await.map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+pub(crate) fn key(run_id: &str, t: usize, i: u64) -> String {
+    format!("{run_id}:raw:{t}:{i}")
+}
+
+pub(crate) fn set_cmd(run_id: &str, t: usize, i: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key(run_id, t, i))
+        .arg("1")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000);
+    cmd
+}

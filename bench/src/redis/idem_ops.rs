@@ -1,0 +1,98 @@
+//! idem's operations through `RedisStore`, as users call them (the direct API the
+//! `#[idempotent]` expansion calls): envelope, owner ids and all.
+
+use std::time::Duration;
+
+use idem_runtime::{Error, NoReplay, Options};
+
+use super::Ctx;
+use crate::runner::run;
+use crate::stats::Row;
+
+static NEW: Options = Options::dedup("bench::dedup").ttl(Duration::from_secs(30));
+static REPLAY: Options = Options::dedup("bench::replay").ttl(Duration::from_secs(300));
+static LOCK: Options = Options::lock("bench::lock");
+static TOKEN: Options = Options::token("bench::token");
+
+pub(crate) const DEDUP_NEW: &str = "dedup new key";
+pub(crate) const DEDUP_REPLAY: &str = "dedup replay";
+pub(crate) const LOCK_CYCLE: &str = "lock acquire+release";
+pub(crate) const TOKEN_CYCLE: &str = "token issue+consume";
+
+pub(crate) async fn dedup_new(ctx: &Ctx, tasks: usize) -> Row {
+    let idem = ctx.idem.clone();
+    run("idem", DEDUP_NEW, tasks, ctx.secs, move |t, i| {
+        let idem = idem.clone();
+        async move {
+            let v: u64 = idem
+                .dedup(&NEW, format!("{t}:{i}"), async move { Ok::<_, Error>(i) })
+                .await
+                .map_err(|e| e.to_string())?;
+            if v != i {
+                return Err(format!("new key replayed {v}"));
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+pub(crate) async fn dedup_replay(ctx: &Ctx, tasks: usize) -> Row {
+    let idem = ctx.idem.clone();
+    for t in 0..tasks {
+        let _: u64 = idem
+            .dedup(
+                &REPLAY,
+                format!("{t}"),
+                async move { Ok::<_, Error>(t as u64) },
+            )
+            .await
+            .expect("seeding replay keys");
+    }
+    run("idem", DEDUP_REPLAY, tasks, ctx.secs, move |t, _| {
+        let idem = idem.clone();
+        async move {
+            let v: u64 = idem
+                .dedup(&REPLAY, format!("{t}"), async {
+                    Err(Error::Config("ran".into()))
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            if v != t as u64 {
+                return Err(format!("replayed {v}"));
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+pub(crate) async fn lock_cycle(ctx: &Ctx, tasks: usize) -> Row {
+    let idem = ctx.idem.clone();
+    run("idem", LOCK_CYCLE, tasks, ctx.secs, move |t, _| {
+        let idem = idem.clone();
+        async move {
+            idem.lock(&LOCK, format!("{t}"), async { Ok::<_, Error>(()) })
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await
+}
+
+pub(crate) async fn token_cycle(ctx: &Ctx, tasks: usize) -> Row {
+    let idem = ctx.idem.clone();
+    run("idem", TOKEN_CYCLE, tasks, ctx.secs, move |_, _| {
+        let idem = idem.clone();
+        async move {
+            let tok = idem
+                .issue_token(Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?;
+            idem.consume_token::<NoReplay, (), Error, _>(&TOKEN, &tok, async { Ok(()) })
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await
+}
