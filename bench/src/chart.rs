@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use crate::report::{Series, fmt_rate};
 
-const W: f64 = 760.0;
+const W: f64 = 900.0;
 const H: f64 = 440.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 230.0;
+const RIGHT: f64 = 370.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 

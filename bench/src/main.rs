@@ -159,15 +159,16 @@ fn main() -> ExitCode {
     };
     let report = rt.block_on(run(args.clone()));
     println!("{}", report.render());
-    if let Some(path) = &args.svg {
-        if let Some(series) = Some(&report.series).filter(|s| !s.is_empty()) {
-            let svg = chart::svg("idem and peers: throughput against concurrency", series);
-            if let Err(e) = std::fs::write(path, svg) {
-                eprintln!("idem-bench: writing {path}: {e}");
-                return ExitCode::FAILURE;
-            }
-            eprintln!("chart written to {path}");
+    if let Some(path) = args.svg.as_ref().filter(|_| !report.series.is_empty()) {
+        let svg = chart::svg(
+            "idem and peers: throughput against concurrency",
+            &report.series,
+        );
+        if let Err(e) = std::fs::write(path, svg) {
+            eprintln!("idem-bench: writing {path}: {e}");
+            return ExitCode::FAILURE;
         }
+        eprintln!("chart written to {path}");
     }
     ExitCode::SUCCESS
 }

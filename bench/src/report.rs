@@ -215,9 +215,9 @@ pub(crate) fn markdown_table(rows: &[Vec<String>], right: &[bool]) -> String {
     let mut out = String::new();
     for (i, row) in rows.iter().enumerate() {
         out.push('|');
-        for c in 0..cols {
+        for (c, w) in width.iter().enumerate() {
             let cell = row.get(c).map_or("", String::as_str);
-            let pad = width[c] - cell.chars().count();
+            let pad = w - cell.chars().count();
             if right.get(c).copied().unwrap_or(false) {
                 let _ = write!(out, " {}{cell} |", " ".repeat(pad));
             } else {
@@ -227,8 +227,8 @@ pub(crate) fn markdown_table(rows: &[Vec<String>], right: &[bool]) -> String {
         out.push('\n');
         if i == 0 {
             out.push('|');
-            for c in 0..cols {
-                let dashes = "-".repeat(width[c].max(3));
+            for (c, w) in width.iter().enumerate() {
+                let dashes = "-".repeat((*w).max(3));
                 if right.get(c).copied().unwrap_or(false) {
                     let _ = write!(out, " {}: |", &dashes[1..]);
                 } else {

@@ -99,7 +99,7 @@ pub(crate) async fn machine(args: &Args) -> String {
         let _ = writeln!(s, "- Redis: {version} at {url}");
     }
     for url in &args.sql {
-        let _ = writeln!(s, "- SQL: {}", scheme(url));
+        let _ = writeln!(s, "- SQL: {}", sql_version(url).await);
     }
     s
 }
@@ -159,4 +159,26 @@ async fn redis_version(url: &str) -> String {
             ),
         Err(e) => format!("unreachable ({e})"),
     }
+}
+
+async fn sql_version(url: &str) -> String {
+    use idem_runtime::store::sql::sqlx;
+    let Ok(store) = idem_runtime::SqlStore::connect(url).await else {
+        return format!("{} (unreachable)", scheme(url));
+    };
+    let v: Result<String, sqlx::Error> = if let Some(p) = store.pg_pool() {
+        sqlx::query_scalar("SELECT version()").fetch_one(p).await
+    } else if let Some(p) = store.mysql_pool() {
+        sqlx::query_scalar("SELECT version()").fetch_one(p).await
+    } else if let Some(p) = store.sqlite_pool() {
+        sqlx::query_scalar("SELECT 'SQLite ' || sqlite_version()")
+            .fetch_one(p)
+            .await
+    } else {
+        Ok("?".to_owned())
+    };
+    let v = v.unwrap_or_else(|e| format!("? ({e})"));
+    // PostgreSQL's version() names the compiler too; the first clause is enough.
+    let short = v.split(" on ").next().unwrap_or(&v).to_owned();
+    format!("{} ({short})", store.backend_name())
 }
