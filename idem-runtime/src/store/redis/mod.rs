@@ -207,6 +207,7 @@ impl RedisStoreBuilder {
     /// # Ok::<(), idem_runtime::Error>(())
     /// ```
     pub fn connect(mut self, url: &str) -> Result<RedisStore, Error> {
+        install_tls_provider(url);
         let bad = |e: redis::RedisError| Error::Config(format!("redis URL: {e}"));
         let conf = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
@@ -259,6 +260,9 @@ impl RedisStoreBuilder {
         urls: impl IntoIterator<Item = S>,
     ) -> Result<RedisStore, Error> {
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        for u in &urls {
+            install_tls_provider(u);
+        }
         if urls.is_empty() {
             return Err(Error::Config("redis cluster: no node URL".into()));
         }
@@ -497,6 +501,17 @@ impl RedisStore {
     }
 }
 
+/// rustls needs a process-wide crypto provider; install ring's for `rediss://` unless
+/// the application already chose one (then this does nothing).
+fn install_tls_provider(url: &str) {
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss:") && rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = url;
+}
+
 /// The call got no answer within the store's timeout.
 #[derive(Debug)]
 struct TimedOut {
@@ -701,6 +716,24 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `rediss://` builds a store (provider installed, no panic); a call against a server
+    /// that does not speak TLS is a store error.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_url_connects_lazily_and_fails_cleanly() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = RedisStore::builder()
+            .timeout(Duration::from_millis(300))
+            .connect("rediss://127.0.0.1:1")
+            .unwrap();
+        let key = Key::from_str("t", "s", "k");
+        let r = rt.block_on(store.issue(&key, Duration::from_secs(1)));
+        assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
+    }
 
     #[test]
     fn lease_rounds_up_and_never_reaches_zero() {
