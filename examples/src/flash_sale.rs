@@ -67,6 +67,7 @@ struct Shop {
     /// twice for an order, nor more than once for a customer.
     shipments: Mutex<Vec<(u64, u64)>>,
     attempts: AtomicU64,
+    client_retries: AtomicU64,
 }
 
 impl Shop {
@@ -185,6 +186,7 @@ async fn main() -> ExitCode {
         idem: idem.clone(),
         shipments: Mutex::default(),
         attempts: AtomicU64::new(0),
+        client_retries: AtomicU64::new(0),
     });
 
     // Every customer places one or two orders; a third of the orders are double-clicked
@@ -200,7 +202,21 @@ async fn main() -> ExitCode {
                 let shop = shop.clone();
                 let order = order_id;
                 tasks.push(tokio::spawn(async move {
-                    (order, shop.place_order(customer, order).await)
+                    // A client retries what is worth retrying (its twin still running, the
+                    // customer's lock busy, a store hiccup): the order id makes it safe.
+                    let mut result = shop.place_order(customer, order).await;
+                    for attempt in 0..20 {
+                        match &result {
+                            Err(SaleError::Idem(e)) if e.is_retryable() => {
+                                shop.client_retries.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(20 << attempt.min(4)))
+                                    .await;
+                                result = shop.place_order(customer, order).await;
+                            }
+                            _ => break,
+                        }
+                    }
+                    (order, result)
                 }));
             }
         }
@@ -261,6 +277,10 @@ async fn main() -> ExitCode {
     println!("  sold out               {sold_out}");
     println!("  one-per-customer limit {limited}");
     println!("  failed                 {failed}");
+    println!(
+        "  client retries         {}",
+        shop.client_retries.load(Ordering::Relaxed)
+    );
     println!("  stock left             {left}");
     println!(
         "  stock CAS attempts     {attempts} ({} lost a race and retried)",

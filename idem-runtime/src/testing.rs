@@ -107,7 +107,8 @@ macro_rules! toolbox_conformance_tests {
             bloom_insert_and_contains,
             bloom_ttl_is_not_refreshed,
             bloom_false_positive_rate,
-            bloom_dedup_never_drops_new_ids
+            bloom_dedup_never_drops_new_ids,
+            bloom_new_verdict_expires_with_the_records
         );
     };
 }

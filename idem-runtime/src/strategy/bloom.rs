@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
 use super::dedup;
 use crate::codec::ReplayOk;
@@ -263,9 +264,11 @@ impl BloomFilter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// Definitely never seen by the filter before this call.
+    /// Definitely never seen by the filter before this call, and no twin of this call
+    /// can have processed the id (see [`Idem::dedup_filtered`]).
     New,
-    /// Maybe seen (or the filter could not be asked); the exact record decided.
+    /// Maybe seen (or the filter could not be asked, or too long passed between the
+    /// filter's answer and the body for "new" to still hold); the exact record decided.
     Maybe,
 }
 
@@ -305,6 +308,14 @@ impl Idem {
     /// data (a ledger, the orders table) before acting. The verdict tells it when that
     /// check can be skipped: `New` means the filter never saw the id in its lifetime,
     /// which can be much longer than the records' ttl. Only `Maybe` needs the check.
+    ///
+    /// `New` also rules out a twin delivery that got ahead: a twin that inserted after
+    /// this call (and heard "maybe") may claim first and run, but its record then lives
+    /// at least `ttl` past this call's insert. So a body that starts within half the
+    /// record `ttl` of the filter's answer is told `New`; one that starts later (it waited
+    /// that long for the key) is told `Maybe`, and the returned verdict says so too.
+    /// `New` is only as wide as the filter: a filter in one process' memory has seen
+    /// only that process' ids.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -350,9 +361,22 @@ impl Idem {
                     Verdict::Maybe
                 }
             };
+            let answered = Instant::now();
             let ran = AtomicBool::new(false);
+            let downgraded = AtomicBool::new(false);
             let body = async {
                 ran.store(true, Ordering::Relaxed);
+                // A twin that inserted after us ("maybe") may have claimed first, run, and
+                // had its record expire before our claim found the key free. Its record
+                // lives `ttl` from its completion, which came after our insert: so only a
+                // body reached well within `ttl` of our insert can trust "new".
+                let verdict = if verdict == Verdict::New && answered.elapsed() >= opts.ttl_for() / 2
+                {
+                    downgraded.store(true, Ordering::Relaxed);
+                    Verdict::Maybe
+                } else {
+                    verdict
+                };
                 body(verdict).await
             };
             let value =
@@ -361,7 +385,11 @@ impl Idem {
             Ok(Filtered {
                 value,
                 ran: ran.load(Ordering::Relaxed),
-                verdict,
+                verdict: if downgraded.load(Ordering::Relaxed) {
+                    Verdict::Maybe
+                } else {
+                    verdict
+                },
             })
         }
     }

@@ -602,3 +602,35 @@ pub async fn bloom_dedup_never_drops_new_ids(store: Arc<dyn Store>) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2000);
 }
+
+/// A body reached long after the filter's "new" (here: it waited for a twin's claim that
+/// vanished) is told "maybe": by then the twin could have run and its record expired, so
+/// "new" no longer proves that nobody processed the id. A prompt body is told "new".
+pub async fn bloom_new_verdict_expires_with_the_records(store: Arc<dyn Store>) {
+    static SHORT: Options = Options::dedup("conformance::short_records")
+        .ttl(Duration::from_millis(400))
+        .wait(Duration::from_secs(10));
+    let idem = idem(&store);
+    let f = BloomFilter::new(&idem, "conformance::late", 1000, 0.01).unwrap();
+    let told = |v: Verdict| async move { Ok::<_, Error>(v == Verdict::New) };
+    let prompt = idem.dedup_filtered(&SHORT, &f, "a", told).await.unwrap();
+    assert_eq!(
+        (prompt.ran, prompt.value, prompt.verdict),
+        (true, true, Verdict::New)
+    );
+
+    // A twin holds the key (it got ahead of us) and vanishes: its lease ends at 700 ms.
+    let key = idem.key(&SHORT, format_args!("b"));
+    let twin = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(700));
+    assert!(matches!(
+        store.claim(&key, &twin).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let late = idem.dedup_filtered(&SHORT, &f, "b", told).await.unwrap();
+    assert!(late.ran, "the key was free again after the twin's lease");
+    assert!(
+        !late.value,
+        "the body was told New although a twin may have run"
+    );
+    assert_eq!(late.verdict, Verdict::Maybe);
+}
