@@ -267,22 +267,37 @@ mod tests {
     #[test]
     fn self_describing_types_round_trip() {
         let k = key();
-        let t = Tagged::Refunded { cents: 5, reason: "dup".into() };
-        let b = <ReplayOk as Codec<Tagged, ()>>::encode(&k, &Ok(t)).unwrap().unwrap();
+        let t = Tagged::Refunded {
+            cents: 5,
+            reason: "dup".into(),
+        };
+        let b = <ReplayOk as Codec<Tagged, ()>>::encode(&k, &Ok(t))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             <ReplayOk as Codec<Tagged, ()>>::decode(&k, &b).unwrap(),
-            Ok(Tagged::Refunded { cents: 5, reason: "dup".into() })
+            Ok(Tagged::Refunded {
+                cents: 5,
+                reason: "dup".into()
+            })
         );
         let v = serde_json::json!({"a": [1, 2.5, null, {"b": "c"}], "d": true});
         let b = <ReplayOk as Codec<serde_json::Value, ()>>::encode(&k, &Ok(v.clone()))
             .unwrap()
             .unwrap();
-        assert_eq!(<ReplayOk as Codec<serde_json::Value, ()>>::decode(&k, &b).unwrap(), Ok(v));
+        assert_eq!(
+            <ReplayOk as Codec<serde_json::Value, ()>>::decode(&k, &b).unwrap(),
+            Ok(v)
+        );
         let mut rest = std::collections::BTreeMap::new();
         rest.insert("note".to_string(), serde_json::json!("x"));
         let f = Flat { id: 9, rest };
-        let b = <ReplayOk as Codec<Flat, ()>>::encode(&k, &Ok(f)).unwrap().unwrap();
-        let back = <ReplayOk as Codec<Flat, ()>>::decode(&k, &b).unwrap().unwrap();
+        let b = <ReplayOk as Codec<Flat, ()>>::encode(&k, &Ok(f))
+            .unwrap()
+            .unwrap();
+        let back = <ReplayOk as Codec<Flat, ()>>::decode(&k, &b)
+            .unwrap()
+            .unwrap();
         assert_eq!(back.id, 9);
         assert_eq!(back.rest["note"], serde_json::json!("x"));
     }
@@ -304,11 +319,24 @@ mod tests {
             note: Option<String>,
         }
         let k = key();
-        let b = <ReplayOk as Codec<Old, ()>>::encode(&k, &Ok(Old { status: "paid".into(), cents: 7 }));
+        let b = <ReplayOk as Codec<Old, ()>>::encode(
+            &k,
+            &Ok(Old {
+                status: "paid".into(),
+                cents: 7,
+            }),
+        );
         let b = b.unwrap().unwrap();
         let (_, payload) = open(&k, &b).unwrap();
         let new: New = from_payload(&k, payload).unwrap();
-        assert_eq!(new, New { cents: 7, status: "paid".into(), note: None });
+        assert_eq!(
+            new,
+            New {
+                cents: 7,
+                status: "paid".into(),
+                note: None
+            }
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ pub use store::memory::MemoryStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::redis::RedisStore;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
 pub use store::sql::SqlStore;
 pub use store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};

@@ -97,7 +97,9 @@ impl Builder {
         Idem {
             inner: Arc::new(Inner {
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                namespace: crate::key::intern(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
+                namespace: crate::key::intern(
+                    self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
+                ),
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
             }),

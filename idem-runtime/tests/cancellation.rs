@@ -26,7 +26,10 @@ async fn dropped_call_frees_its_key_at_once() {
         let busy: Result<u8, Error> = idem.dedup(&NOWAIT, "k", async { Ok(2) }).await;
         assert!(matches!(busy, Err(Error::InProgress { .. })), "{busy:?}");
     } // dropped here, mid-body
-    let r: u8 = idem.dedup(&NOWAIT, "k", async { Ok::<_, Error>(3) }).await.unwrap();
+    let r: u8 = idem
+        .dedup(&NOWAIT, "k", async { Ok::<_, Error>(3) })
+        .await
+        .unwrap();
     assert_eq!(r, 3, "the key was not free right after the drop");
 }
 
@@ -46,6 +49,9 @@ async fn panicking_body_frees_its_key() {
         })
     };
     assert!(task.await.unwrap_err().is_panic());
-    let r: u8 = idem.dedup(&NOWAIT, "k", async { Ok::<_, Error>(4) }).await.unwrap();
+    let r: u8 = idem
+        .dedup(&NOWAIT, "k", async { Ok::<_, Error>(4) })
+        .await
+        .unwrap();
     assert_eq!(r, 4);
 }

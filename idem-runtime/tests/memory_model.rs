@@ -15,12 +15,34 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Claim { key: u8, owner: u8, lease: u16, fp: u8 },
-    Complete { key: u8, owner: u8, value: u8, ttl: u16 },
-    Release { key: u8, owner: u8 },
-    Renew { key: u8, owner: u8, lease: u16 },
-    Issue { key: u8, ttl: u16 },
-    Advance { ms: u16 },
+    Claim {
+        key: u8,
+        owner: u8,
+        lease: u16,
+        fp: u8,
+    },
+    Complete {
+        key: u8,
+        owner: u8,
+        value: u8,
+        ttl: u16,
+    },
+    Release {
+        key: u8,
+        owner: u8,
+    },
+    Renew {
+        key: u8,
+        owner: u8,
+        lease: u16,
+    },
+    Issue {
+        key: u8,
+        ttl: u16,
+    },
+    Advance {
+        ms: u16,
+    },
 }
 
 const KEYS: u8 = 5;
@@ -52,8 +74,14 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone)]
 enum MState {
     Issued,
-    Held { owner: u8, lease_until: u64, token_expires: Option<u64> },
-    Done { value: u8 },
+    Held {
+        owner: u8,
+        lease_until: u64,
+        token_expires: Option<u64>,
+    },
+    Done {
+        value: u8,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -94,30 +122,48 @@ impl Model {
                 self.now += u64::from(ms);
                 return None;
             }
-            Op::Claim { key, owner, lease, fp } => {
+            Op::Claim {
+                key,
+                owner,
+                lease,
+                fp,
+            } => {
                 let lease_until = now + u64::from(lease);
                 let k = kind(key);
                 match self.live(key) {
                     Some(e) => match e.state.clone() {
                         MState::Done { value } => Expect::Completed { value, fp: e.fp },
-                        MState::Held { lease_until: held, token_expires, .. }
-                            if held <= now && k == ClaimKind::Token =>
-                        {
+                        MState::Held {
+                            lease_until: held,
+                            token_expires,
+                            ..
+                        } if held <= now && k == ClaimKind::Token => {
                             let t = token_expires.unwrap_or(e.expires_at);
                             *e = MEntry {
-                                state: MState::Held { owner, lease_until, token_expires: Some(t) },
+                                state: MState::Held {
+                                    owner,
+                                    lease_until,
+                                    token_expires: Some(t),
+                                },
                                 fp: Some(fp),
                                 expires_at: t.max(lease_until),
                             };
                             Expect::Claimed
                         }
-                        MState::Held { lease_until: held, .. } => {
-                            Expect::Busy { retry_in: held.saturating_sub(now), fp: e.fp }
-                        }
+                        MState::Held {
+                            lease_until: held, ..
+                        } => Expect::Busy {
+                            retry_in: held.saturating_sub(now),
+                            fp: e.fp,
+                        },
                         MState::Issued => {
                             let t = e.expires_at;
                             *e = MEntry {
-                                state: MState::Held { owner, lease_until, token_expires: Some(t) },
+                                state: MState::Held {
+                                    owner,
+                                    lease_until,
+                                    token_expires: Some(t),
+                                },
                                 fp: Some(fp),
                                 expires_at: t.max(lease_until),
                             };
@@ -129,7 +175,11 @@ impl Model {
                         self.records.insert(
                             key,
                             MEntry {
-                                state: MState::Held { owner, lease_until, token_expires: None },
+                                state: MState::Held {
+                                    owner,
+                                    lease_until,
+                                    token_expires: None,
+                                },
                                 fp: Some(fp),
                                 expires_at: lease_until,
                             },
@@ -138,9 +188,18 @@ impl Model {
                     }
                 }
             }
-            Op::Complete { key, owner, value, ttl } => Expect::Bool(match self.live(key) {
+            Op::Complete {
+                key,
+                owner,
+                value,
+                ttl,
+            } => Expect::Bool(match self.live(key) {
                 Some(e) => match e.state {
-                    MState::Held { owner: o, lease_until, .. } if o == owner && lease_until > now => {
+                    MState::Held {
+                        owner: o,
+                        lease_until,
+                        ..
+                    } if o == owner && lease_until > now => {
                         e.state = MState::Done { value };
                         e.expires_at = now + u64::from(ttl);
                         true
@@ -151,10 +210,18 @@ impl Model {
             }),
             Op::Release { key, owner } => Expect::Bool(match self.live(key) {
                 Some(e) => match e.state {
-                    MState::Held { owner: o, token_expires, .. } if o == owner => {
+                    MState::Held {
+                        owner: o,
+                        token_expires,
+                        ..
+                    } if o == owner => {
                         match token_expires {
                             Some(t) if t > now => {
-                                *e = MEntry { state: MState::Issued, fp: None, expires_at: t };
+                                *e = MEntry {
+                                    state: MState::Issued,
+                                    fp: None,
+                                    expires_at: t,
+                                };
                             }
                             _ => {
                                 self.records.remove(&key);
@@ -168,9 +235,11 @@ impl Model {
             }),
             Op::Renew { key, owner, lease } => Expect::Bool(match self.live(key) {
                 Some(e) => match &mut e.state {
-                    MState::Held { owner: o, lease_until, token_expires }
-                        if *o == owner && *lease_until > now =>
-                    {
+                    MState::Held {
+                        owner: o,
+                        lease_until,
+                        token_expires,
+                    } if *o == owner && *lease_until > now => {
                         *lease_until = now + u64::from(lease);
                         e.expires_at = token_expires.map_or(*lease_until, |t| t.max(*lease_until));
                         true
@@ -184,7 +253,11 @@ impl Model {
             } else {
                 self.records.insert(
                     key,
-                    MEntry { state: MState::Issued, fp: None, expires_at: now + u64::from(ttl) },
+                    MEntry {
+                        state: MState::Issued,
+                        fp: None,
+                        expires_at: now + u64::from(ttl),
+                    },
                 );
                 true
             }),
@@ -200,14 +273,24 @@ fn fingerprint(f: u8) -> Fingerprint {
     Fingerprint([f; 16])
 }
 
-async fn run_store(store: &MemoryStore, keys: &[Key], op: &Op, last_fence: &mut u64) -> Option<Expect> {
+async fn run_store(
+    store: &MemoryStore,
+    keys: &[Key],
+    op: &Op,
+    last_fence: &mut u64,
+) -> Option<Expect> {
     let ms = |n: u16| Duration::from_millis(u64::from(n));
     Some(match *op {
         Op::Advance { ms: n } => {
             tokio::time::advance(ms(n)).await;
             return None;
         }
-        Op::Claim { key, owner: o, lease, fp } => {
+        Op::Claim {
+            key,
+            owner: o,
+            lease,
+            fp,
+        } => {
             let req = ClaimRequest::new(kind(key), owner(o), ms(lease))
                 .with_fingerprint(Some(fingerprint(fp)));
             match store.claim(&keys[key as usize], &req).await.unwrap() {
@@ -218,11 +301,17 @@ async fn run_store(store: &MemoryStore, keys: &[Key], op: &Op, last_fence: &mut 
                     }
                     Expect::Claimed
                 }
-                ClaimOutcome::Busy { retry_in, fingerprint: f } => Expect::Busy {
+                ClaimOutcome::Busy {
+                    retry_in,
+                    fingerprint: f,
+                } => Expect::Busy {
                     retry_in: retry_in.as_millis() as u64,
                     fp: f.map(|f| f.0[0]),
                 },
-                ClaimOutcome::Completed { value, fingerprint: f } => Expect::Completed {
+                ClaimOutcome::Completed {
+                    value,
+                    fingerprint: f,
+                } => Expect::Completed {
                     value: value[0],
                     fp: f.map(|f| f.0[0]),
                 },
@@ -230,19 +319,38 @@ async fn run_store(store: &MemoryStore, keys: &[Key], op: &Op, last_fence: &mut 
                 other => panic!("unexpected outcome {other:?}"),
             }
         }
-        Op::Complete { key, owner: o, value, ttl } => Expect::Bool(
+        Op::Complete {
+            key,
+            owner: o,
+            value,
+            ttl,
+        } => Expect::Bool(
             store
-                .complete(&keys[key as usize], owner(o), Bytes::from(vec![value]), ms(ttl))
+                .complete(
+                    &keys[key as usize],
+                    owner(o),
+                    Bytes::from(vec![value]),
+                    ms(ttl),
+                )
                 .await
                 .unwrap(),
         ),
         Op::Release { key, owner: o } => {
             Expect::Bool(store.release(&keys[key as usize], owner(o)).await.unwrap())
         }
-        Op::Renew { key, owner: o, lease } => {
-            Expect::Bool(store.renew(&keys[key as usize], owner(o), ms(lease)).await.unwrap())
+        Op::Renew {
+            key,
+            owner: o,
+            lease,
+        } => Expect::Bool(
+            store
+                .renew(&keys[key as usize], owner(o), ms(lease))
+                .await
+                .unwrap(),
+        ),
+        Op::Issue { key, ttl } => {
+            Expect::Bool(store.issue(&keys[key as usize], ms(ttl)).await.unwrap())
         }
-        Op::Issue { key, ttl } => Expect::Bool(store.issue(&keys[key as usize], ms(ttl)).await.unwrap()),
     })
 }
 
@@ -281,11 +389,21 @@ async fn memory_stays_bounded_under_distinct_keys() {
     for i in 0..200_000u32 {
         let key = Key::from_str(&ns, "f", &i.to_string());
         let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), Duration::from_secs(30));
-        assert!(matches!(store.claim(&key, &req).await.unwrap(), ClaimOutcome::Claimed { .. }));
-        assert!(store
-            .complete(&key, req.owner, Bytes::from_static(b"v"), Duration::from_millis(100))
-            .await
-            .unwrap());
+        assert!(matches!(
+            store.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        assert!(
+            store
+                .complete(
+                    &key,
+                    req.owner,
+                    Bytes::from_static(b"v"),
+                    Duration::from_millis(100)
+                )
+                .await
+                .unwrap()
+        );
         // 1,000 keys per simulated 10 ms: about 10,000 are live at any time.
         if i % 100 == 0 {
             tokio::time::advance(Duration::from_millis(1)).await;
@@ -295,7 +413,10 @@ async fn memory_stays_bounded_under_distinct_keys() {
         }
     }
     peak = peak.max(store.len());
-    assert!(peak < 40_000, "memory grew with the stream: {peak} records held");
+    assert!(
+        peak < 40_000,
+        "memory grew with the stream: {peak} records held"
+    );
     tokio::time::advance(Duration::from_secs(1)).await;
     store.purge_expired();
     assert_eq!(store.len(), 0);
