@@ -23,3 +23,26 @@ idem_runtime::conformance_tests!(cluster, || async {
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     Arc::new(RedisStore::connect_cluster(&urls).expect("cluster store")) as Arc<dyn Store>
 });
+
+/// A record and its fence counter hash to one Cluster slot (so every script touches one
+/// node), and records spread over the masters.
+#[test]
+fn cluster_record_keys_share_a_slot() {
+    let c = cluster();
+    let urls = c.urls();
+    let store = RedisStore::connect_cluster(&urls).expect("cluster store");
+    let mut slots = std::collections::BTreeSet::new();
+    for i in 0..64 {
+        let key = idem_runtime::Key::from_str("ns", "scope::f", &format!("k{i}"));
+        let rec = store.record_name(&key);
+        let slot = c.nodes[0].cli(&["CLUSTER", "KEYSLOT", &rec]);
+        let fence = c.nodes[0].cli(&["CLUSTER", "KEYSLOT", &format!("{rec}:fence")]);
+        assert_eq!(slot.trim(), fence.trim(), "{rec}");
+        slots.insert(slot.trim().to_owned());
+    }
+    assert!(
+        slots.len() > 32,
+        "records should spread over slots: {}",
+        slots.len()
+    );
+}
