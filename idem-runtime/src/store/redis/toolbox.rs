@@ -20,9 +20,9 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Script, Value};
+use redis::{Cmd, Script, Value};
 
-use super::{RedisStore, ceil_millis, corrupt, owner_hex};
+use super::{RedisStore, ceil_millis, corrupt, evalsha, owner_hex};
 use crate::store::{Owner, Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
 use crate::{Error, Key};
 
@@ -115,9 +115,9 @@ impl RedisStore {
         &self,
         key: &Key,
     ) -> Result<Option<VersionedBytes>, Error> {
-        let mut inv = VERSIONED_LOAD.prepare_invoke();
-        inv.key(format!("{}:v", self.record_name(key)));
-        let (tag, rest) = tagged(key, self.eval(inv).await?)?;
+        let mut cmd = evalsha(&VERSIONED_LOAD, 1);
+        cmd.arg(format!("{}:v", self.record_name(key)));
+        let (tag, rest) = tagged(key, self.eval(&VERSIONED_LOAD, cmd).await?)?;
         let mut rest = rest.into_iter();
         match (tag, rest.next()) {
             (2, _) => Ok(None),
@@ -136,12 +136,12 @@ impl RedisStore {
         value: Bytes,
         ttl: Option<Duration>,
     ) -> Result<Option<u64>, Error> {
-        let mut inv = VERSIONED_CAS.prepare_invoke();
-        inv.key(format!("{}:v", self.record_name(key)))
+        let mut cmd = evalsha(&VERSIONED_CAS, 1);
+        cmd.arg(format!("{}:v", self.record_name(key)))
             .arg(expected)
             .arg(value.as_ref())
             .arg(ttl_ms(ttl));
-        let (tag, rest) = tagged(key, self.eval(inv).await?)?;
+        let (tag, rest) = tagged(key, self.eval(&VERSIONED_CAS, cmd).await?)?;
         match tag {
             1 => Ok(Some(int(key, rest.first())?)),
             2 => Ok(None),
@@ -154,21 +154,21 @@ impl RedisStore {
         key: &Key,
         req: &TransitionRequest<'_>,
     ) -> Result<TransitionOutcome, Error> {
-        let mut inv = TRANSITION.prepare_invoke();
+        let mut cmd = evalsha(&TRANSITION, 1);
         let (owner, lease) = match req.hold {
-            Some((o, lease)) => (owner_hex(o), ceil_millis(lease)),
-            None => (String::new(), 0),
+            Some((o, lease)) => (Some(owner_hex(o)), ceil_millis(lease)),
+            None => (None, 0),
         };
-        inv.key(format!("{}:s", self.record_name(key)))
+        cmd.arg(format!("{}:s", self.record_name(key)))
             .arg(req.to)
             .arg(if req.from_absent { "1" } else { "0" })
-            .arg(owner)
+            .arg(owner.as_ref().map_or(&b""[..], |o| &o[..]))
             .arg(lease)
             .arg(ttl_ms(req.ttl));
         for from in req.from {
-            inv.arg(*from);
+            cmd.arg(*from);
         }
-        parse_transition(key, self.eval(inv).await?)
+        parse_transition(key, self.eval(&TRANSITION, cmd).await?)
     }
 
     pub(super) async fn tb_settle_transition(
@@ -182,18 +182,18 @@ impl RedisStore {
             Settle::Abort => ("a", 0),
             Settle::Renew(lease) => ("r", ceil_millis(lease)),
         };
-        let mut inv = SETTLE.prepare_invoke();
-        inv.key(format!("{}:s", self.record_name(key)))
-            .arg(owner_hex(owner))
+        let mut cmd = evalsha(&SETTLE, 1);
+        cmd.arg(format!("{}:s", self.record_name(key)))
+            .arg(&owner_hex(owner)[..])
             .arg(code)
             .arg(ms);
-        self.eval_bool(key, inv).await
+        self.eval_bool(key, &SETTLE, cmd).await
     }
 
     pub(super) async fn tb_load_state(&self, key: &Key) -> Result<Option<String>, Error> {
-        let mut inv = STATE_LOAD.prepare_invoke();
-        inv.key(format!("{}:s", self.record_name(key)));
-        let (tag, rest) = tagged(key, self.eval(inv).await?)?;
+        let mut cmd = evalsha(&STATE_LOAD, 1);
+        cmd.arg(format!("{}:s", self.record_name(key)));
+        let (tag, rest) = tagged(key, self.eval(&STATE_LOAD, cmd).await?)?;
         match tag {
             1 => text(key, rest.into_iter().next()),
             2 => Ok(None),
@@ -218,33 +218,37 @@ impl RedisStore {
         format!("{}:b:{size_bits}", self.record_name(filter))
     }
 
-    /// The meta key and the shards touched by `indexes`, with the (key, offset) pairs.
-    fn bloom_invocation(
+    /// `EVALSHA` of `script` on the meta key and the shards touched by `indexes`, then
+    /// the (key, offset) pairs.
+    fn bloom_command(
         &self,
-        script: &'static Script,
+        script: &Script,
         filter: &Key,
         indexes: &[u64],
         size_bits: u64,
-    ) -> Result<redis::ScriptInvocation<'static>, Error> {
+    ) -> Result<Cmd, Error> {
         check_bits(indexes, size_bits)?;
         let meta = self.bloom_name(filter, size_bits);
         let mut shards: Vec<u64> = Vec::with_capacity(indexes.len());
-        let mut inv = script.prepare_invoke();
-        inv.key(&meta);
+        let mut pairs: Vec<(usize, u64)> = Vec::with_capacity(indexes.len());
         for &i in indexes {
             let shard = i / SHARD_BITS;
-            let slot = match shards.iter().position(|&s| s == shard) {
-                Some(p) => p,
-                None => {
-                    shards.push(shard);
-                    inv.key(format!("{meta}:{shard}"));
-                    shards.len() - 1
-                }
-            };
+            let slot = shards.iter().position(|&s| s == shard).unwrap_or_else(|| {
+                shards.push(shard);
+                shards.len() - 1
+            });
             // KEYS[1] is the meta key: shard keys start at KEYS[2].
-            inv.arg(slot + 2).arg(i % SHARD_BITS);
+            pairs.push((slot + 2, i % SHARD_BITS));
         }
-        Ok(inv)
+        let mut cmd = evalsha(script, 1 + shards.len());
+        cmd.arg(&meta);
+        for shard in &shards {
+            cmd.arg(format!("{meta}:{shard}"));
+        }
+        for (slot, offset) in pairs {
+            cmd.arg(slot).arg(offset);
+        }
+        Ok(cmd)
     }
 
     /// Creates the filter's meta key and all its shards, empty, with one deadline.
@@ -255,13 +259,17 @@ impl RedisStore {
         ttl: Option<Duration>,
     ) -> Result<(), Error> {
         let meta = self.bloom_name(filter, size_bits);
-        let mut inv = BLOOM_CREATE.prepare_invoke();
-        inv.key(&meta).arg(ttl_ms(ttl)).arg(size_bits);
-        for shard in 0..size_bits.div_ceil(SHARD_BITS) {
-            inv.key(format!("{meta}:{shard}"))
-                .arg((size_bits - shard * SHARD_BITS).min(SHARD_BITS));
+        let shards = size_bits.div_ceil(SHARD_BITS);
+        let mut cmd = evalsha(&BLOOM_CREATE, 1 + usize::try_from(shards).unwrap_or(0));
+        cmd.arg(&meta);
+        for shard in 0..shards {
+            cmd.arg(format!("{meta}:{shard}"));
         }
-        match self.eval(inv).await? {
+        cmd.arg(ttl_ms(ttl)).arg(size_bits);
+        for shard in 0..shards {
+            cmd.arg((size_bits - shard * SHARD_BITS).min(SHARD_BITS));
+        }
+        match self.eval(&BLOOM_CREATE, cmd).await? {
             Value::Int(_) => Ok(()),
             other => Err(corrupt(filter, format!("unexpected reply {other:?}"))),
         }
@@ -277,8 +285,8 @@ impl RedisStore {
         // A missing filter is created once, then the insert runs again; a filter that
         // vanishes again at once (ttl shorter than a round trip) is reported, not looped.
         for _ in 0..2 {
-            let inv = self.bloom_invocation(&BLOOM_INSERT, filter, indexes, size_bits)?;
-            match self.eval(inv).await? {
+            let cmd = self.bloom_command(&BLOOM_INSERT, filter, indexes, size_bits)?;
+            match self.eval(&BLOOM_INSERT, cmd).await? {
                 Value::Int(-1) => self.bloom_create(filter, size_bits, ttl).await?,
                 Value::Int(n) => return Ok(n == 1),
                 Value::Array(items) => return Err(super::corrupt_from(filter, &items)),
@@ -296,8 +304,8 @@ impl RedisStore {
         indexes: &[u64],
         size_bits: u64,
     ) -> Result<bool, Error> {
-        let inv = self.bloom_invocation(&BLOOM_CONTAINS, filter, indexes, size_bits)?;
-        self.eval_bool(filter, inv).await
+        let cmd = self.bloom_command(&BLOOM_CONTAINS, filter, indexes, size_bits)?;
+        self.eval_bool(filter, &BLOOM_CONTAINS, cmd).await
     }
 }
 
