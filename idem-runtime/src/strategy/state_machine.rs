@@ -21,6 +21,7 @@ use crate::store::{BoxFuture, Owner, Settle, Store, TransitionOutcome, Transitio
 use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
 
 const POLL_MIN: Duration = Duration::from_millis(2);
+const MAX_STATE_LEN: usize = 255;
 const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// A transition table: states, which moves are allowed, which states are initial (may
@@ -135,6 +136,10 @@ impl StateMachineBuilder {
         for (i, s) in self.states.iter().enumerate() {
             if s.is_empty() {
                 problems.push("a state name is empty".to_owned());
+            }
+            // Every store keeps a state in 255 bytes (a MySQL VARBINARY(255) column).
+            if s.len() > MAX_STATE_LEN {
+                problems.push(format!("state {s:?} is longer than {MAX_STATE_LEN} bytes"));
             }
             if self.states[..i].contains(s) {
                 problems.push(format!("state {s:?} is declared twice"));
@@ -590,6 +595,13 @@ mod tests {
             .build()
             .unwrap_err()
             .to_string();
+        let long = StateMachine::builder("t")
+            .states(["x", Box::leak("y".repeat(256).into_boxed_str())])
+            .initial("x")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(long.contains("longer than 255 bytes"), "{long}");
         for needle in [
             "declared twice",
             "no initial state",
