@@ -19,9 +19,22 @@
 //! Expired rows are deleted in bounded batches by [`SqlStore::purge_expired`], or by a
 //! background task from [`SqlStore::spawn_purge`].
 //!
-//! [`SqlStore::transaction`] runs a function inside a database transaction and completes
-//! the idem record in that same transaction, so the business writes and the record
-//! commit together or not at all.
+//! [`SqlStore::begin`] (a guard) and [`SqlStore::transaction`] (a closure) run the
+//! business writes inside a database transaction that also holds and completes the idem
+//! record, so the writes and the record commit together or not at all.
+//!
+//! # Operating it
+//!
+//! - Columns: `id` (digest), `namespace`, `scope` (the function), `kind` (0 dedup, 1 lock,
+//!   2 token), `state` (0 free, 1 issued, 2 in progress, 3 completed), `owner`, `fence`,
+//!   `fingerprint`, `value` (the stored result envelope), `expires_us`, `lease_us`,
+//!   `token_expires_us` (µs since the epoch). The rendered key is never stored.
+//! - What is in flight, per function:
+//!   `SELECT namespace, scope, state, COUNT(*) FROM idem_records GROUP BY 1, 2, 3`.
+//! - Forgetting one function's records (so they run again):
+//!   `DELETE FROM idem_records WHERE namespace = 'shop' AND scope = 'shop::charge'`.
+//! - Connections: [`SqlStore::connect`] makes a pool of 16 (SQLite: 8) and bounds every
+//!   call by [`DEFAULT_TIMEOUT`] ([`SqlStore::with_timeout`]).
 
 use std::collections::HashMap;
 use std::fmt;
