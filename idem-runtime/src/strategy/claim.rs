@@ -177,6 +177,16 @@ impl Drop for ClaimGuard {
     }
 }
 
+/// A claim that failed with a store error (a timeout, a connection cut after the request
+/// left) may still have been applied by the server, which would keep the key busy for a
+/// whole lease. Release it in the background: release checks the owner, so it is
+/// harmless when the claim never happened.
+pub(crate) fn undo_uncertain_claim(store: &Arc<dyn Store>, key: Key, owner: Owner, err: &Error) {
+    if matches!(err, Error::Store(_)) {
+        drop(ClaimGuard::new(store.clone(), key, owner));
+    }
+}
+
 /// Runs `body` while renewing the lease every third of it. Returns the body's output and
 /// whether the lease was lost meanwhile (another owner may then hold the key).
 ///

@@ -7,7 +7,7 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{ClaimGuard, check_fingerprint, claim, with_heartbeat};
+use super::claim::{ClaimGuard, check_fingerprint, claim, undo_uncertain_claim, with_heartbeat};
 use crate::codec::{Codec, NoReplay};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
@@ -33,7 +33,10 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-    match claim(&**store, &key, &req, opts.wait).await? {
+    match claim(&**store, &key, &req, opts.wait)
+        .await
+        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?
+    {
         Some(ClaimOutcome::Claimed { .. }) => {}
         Some(ClaimOutcome::Completed {
             value,

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{ClaimGuard, claim, with_heartbeat};
+use super::claim::{ClaimGuard, claim, undo_uncertain_claim, with_heartbeat};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
 
@@ -48,7 +48,10 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(ClaimKind::Lock, owner, opts.lease);
-    let fence = match claim(&**store, &key, &req, opts.wait).await? {
+    let fence = match claim(&**store, &key, &req, opts.wait)
+        .await
+        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?
+    {
         Some(ClaimOutcome::Claimed { fence }) => fence,
         None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::Locked { key }.into()),
         Some(_) => {

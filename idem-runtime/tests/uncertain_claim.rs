@@ -1,0 +1,85 @@
+//! A claim that the server applied but whose answer was lost (a timeout, a cut
+//! connection) must not keep the key busy for a whole lease.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_runtime::store::BoxFuture;
+use idem_runtime::{
+    ClaimOutcome, ClaimRequest, Error, Idem, Key, MemoryStore, Options, Owner, Store,
+};
+
+/// Applies every call, but answers the first claim with a store error.
+struct LostAnswer {
+    inner: MemoryStore,
+    failed_once: AtomicBool,
+}
+
+impl Store for LostAnswer {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        Box::pin(async move {
+            let outcome = self.inner.claim(key, req).await?;
+            if !self.failed_once.swap(true, Ordering::SeqCst) {
+                return Err(Error::store("timed out waiting for the answer"));
+            }
+            Ok(outcome)
+        })
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.complete(key, owner, value, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.release(key, owner)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.renew(key, owner, lease)
+    }
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.issue(key, ttl)
+    }
+}
+
+#[tokio::test]
+async fn a_lost_claim_answer_does_not_block_the_key_for_a_lease() {
+    static OPTS: Options = Options::dedup("uncertain::charge")
+        .lease(Duration::from_secs(3600))
+        .wait(Duration::ZERO);
+    for lock in [false, true] {
+        let idem = Idem::builder()
+            .store(LostAnswer {
+                inner: MemoryStore::new(),
+                failed_once: AtomicBool::new(false),
+            })
+            .build();
+        let first: Result<u8, Error> = if lock {
+            static LOCK: Options = Options::lock("uncertain::lock")
+                .lease(Duration::from_secs(3600))
+                .wait(Duration::ZERO);
+            let r = idem.lock(&LOCK, "k", async { Ok(1) }).await;
+            assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
+            idem.lock(&LOCK, "k", async { Ok(2) }).await
+        } else {
+            let r = idem.dedup(&OPTS, "k", async { Ok(1) }).await;
+            assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
+            idem.dedup(&OPTS, "k", async { Ok(2) }).await
+        };
+        assert_eq!(first.unwrap(), 2, "the key stayed claimed by the lost answer");
+    }
+}
