@@ -174,6 +174,29 @@ where
     out
 }
 
+/// Runs the same measurement `repeats` times, back to back, and keeps the one with the
+/// median throughput. On a shared machine one window can land on another program's
+/// burst; the median of three discards one such window in either direction.
+pub(crate) async fn run_median<F, Fut, E>(plan: Plan, repeats: usize, op: F) -> Outcome
+where
+    F: Fn(Ctx) -> Fut + Send + Sync + Clone + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Display,
+{
+    let mut runs = Vec::with_capacity(repeats.max(1));
+    for _ in 0..repeats.max(1) {
+        runs.push(run(plan, op.clone()).await);
+    }
+    runs.sort_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+    let errors: u64 = runs.iter().map(|o| o.errors).sum();
+    let first_error = runs.iter().find_map(|o| o.first_error.clone());
+    let mut median = runs.swap_remove(runs.len() / 2);
+    // Errors in any repeat count: a case that failed once is not a clean measurement.
+    median.errors = errors;
+    median.first_error = first_error;
+    median
+}
+
 /// Latencies in nanoseconds, log-linear: 32 sub-buckets per power of two, so any
 /// recorded value is reported within about 3% (plenty for p50/p99 of a load test) in a
 /// fixed 16 KiB per task, whatever the number of calls.

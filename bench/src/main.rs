@@ -62,8 +62,13 @@ impl Args {
         if self.quick {
             (Duration::from_millis(100), Duration::from_millis(400))
         } else {
-            (Duration::from_millis(300), Duration::from_secs(2))
+            (Duration::from_millis(200), Duration::from_secs(1))
         }
+    }
+
+    /// How many windows a peer case runs, keeping the median (see `load::run_median`).
+    pub(crate) fn repeats(&self) -> usize {
+        if self.quick { 1 } else { 3 }
     }
 
     /// The plan of one case at `tasks` concurrency.

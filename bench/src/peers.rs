@@ -78,7 +78,7 @@ pub(crate) async fn memory(args: &Args, report: &mut Report) {
         let idem_replay = report.add(
             g,
             "idem #[idempotent], replay",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 idem_charge(REPLAY_BASE + c.task as u64).await.map(drop)
             })
             .await,
@@ -86,7 +86,7 @@ pub(crate) async fn memory(args: &Args, report: &mut Report) {
         let cached_hit = report.add(
             g,
             "cached #[cached], hit",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 cached_charge(REPLAY_BASE + c.task as u64).await.map(drop)
             })
             .await,
@@ -94,7 +94,7 @@ pub(crate) async fn memory(args: &Args, report: &mut Report) {
         let cc_hit = report.add(
             g,
             "cached #[concurrent_cached], hit",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 ccached_charge(REPLAY_BASE + c.task as u64).await.map(drop)
             })
             .await,
@@ -120,7 +120,7 @@ pub(crate) async fn memory(args: &Args, report: &mut Report) {
         let cc_miss = report.add(
             g,
             "cached #[concurrent_cached], miss",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 ccached_charge(c.id).await.map(drop)
             })
             .await,
@@ -275,7 +275,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let idem_replay = report.add(
             g,
             "idem dedup on RedisStore, replay",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let i = i.clone();
                 async move {
                     let k = REPLAY_BASE + c.task as u64;
@@ -289,7 +289,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let cached_hit = report.add(
             g,
             "cached AsyncRedisCache, hit",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 cached_redis_charge(REPLAY_BASE + c.task as u64)
                     .await
                     .map(drop)
@@ -300,7 +300,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let hand_replay = report.add(
             g,
             "hand-written SET NX PX + GET, replay",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let (s, key) = (
                     s.clone(),
                     format!("{p}hand:{}", REPLAY_BASE + c.task as u64),
@@ -323,7 +323,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let idem_new = report.add(
             g,
             "idem dedup on RedisStore, new key",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let i = i.clone();
                 async move {
                     i.dedup(
@@ -340,7 +340,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let cached_miss = report.add(
             g,
             "cached AsyncRedisCache, miss",
-            load::run(plan, |c: Ctx| async move {
+            load::run_median(plan, args.repeats(), |c: Ctx| async move {
                 cached_redis_charge(c.id).await.map(drop)
             })
             .await,
@@ -349,7 +349,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let hand_new = report.add(
             g,
             "hand-written SET NX PX + GET, new key",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let (s, key) = (s.clone(), format!("{p}hand:{}", c.id));
                 async move {
                     handwritten(&s, &key, Duration::from_secs(30), async move {
@@ -365,7 +365,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let idem_lock = report.add(
             g,
             "idem lock on RedisStore, acquire+release",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let i = i.clone();
                 async move {
                     i.lock(&LOCK, c.task, async { Ok::<_, BenchError>(()) })
@@ -378,7 +378,7 @@ pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {
         let rslock = report.add(
             g,
             "rslock, lock+unlock",
-            load::run(plan, move |c: Ctx| {
+            load::run_median(plan, args.repeats(), move |c: Ctx| {
                 let (r, key) = (Arc::clone(&r), format!("{p}rslock:{}", c.task));
                 async move {
                     let l = r

@@ -91,7 +91,8 @@ pub(crate) async fn machine(args: &Args) -> String {
     );
     let _ = writeln!(
         s,
-        "- runtime: tokio multi-thread, {cores} workers; each case warms up {warmup:?} then measures {window:?}"
+        "- runtime: tokio multi-thread, {cores} workers; each case warms up {warmup:?} then measures {window:?}; the peer cases (`peers/*`) run {} such windows and keep the median",
+        args.repeats()
     );
     let _ = writeln!(s, "- load average at the start: {}", loadavg());
     if let Some(url) = &args.redis {
