@@ -80,6 +80,10 @@ async fn a_lost_claim_answer_does_not_block_the_key_for_a_lease() {
             assert!(matches!(r, Err(Error::Store(_))), "{r:?}");
             idem.dedup(&OPTS, "k", async { Ok(2) }).await
         };
-        assert_eq!(first.unwrap(), 2, "the key stayed claimed by the lost answer");
+        assert_eq!(
+            first.unwrap(),
+            2,
+            "the key stayed claimed by the lost answer"
+        );
     }
 }

@@ -25,7 +25,10 @@ pub mod memory;
 mod toolbox;
 pub use toolbox::{Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
 pub mod sql;
 mod url;
 pub use url::connect;
@@ -46,8 +49,14 @@ pub struct Owner(pub u128);
 impl Owner {
     /// A new owner id, never returned before by this process.
     pub fn next() -> Owner {
+        /// Ids are handed to each thread in blocks, so concurrent callers on different
+        /// cores do not contend on one counter.
+        const BLOCK: u64 = 1024;
         static PROCESS: OnceLock<u64> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(1);
+        thread_local! {
+            static RANGE: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+        }
         let process = *PROCESS.get_or_init(|| {
             let mut b = [0u8; 8];
             // Without an OS RNG, fall back to time and pid: unique enough for owners
@@ -61,7 +70,15 @@ impl Owner {
             }
             u64::from_le_bytes(b)
         });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let n = RANGE.with(|r| {
+            let (mut next, mut end) = r.get();
+            if next == end {
+                next = COUNTER.fetch_add(BLOCK, Ordering::Relaxed);
+                end = next + BLOCK;
+            }
+            r.set((next + 1, end));
+            next
+        });
         Owner((u128::from(process) << 64) | u128::from(n))
     }
 }
