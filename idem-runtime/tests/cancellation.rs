@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use idem_runtime::{Error, Idem, MemoryStore, Options};
