@@ -29,6 +29,7 @@
 
 mod conn;
 mod notify;
+mod toolbox;
 
 use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock};
@@ -40,7 +41,10 @@ use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 
 use self::conn::{Connections, Source, is_transport_error};
 use self::notify::Notifier;
-use super::{BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+use super::{
+    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
+    TransitionOutcome, TransitionRequest, VersionedBytes,
+};
 use crate::{Error, Fingerprint, Key};
 
 pub use deadpool_redis;
@@ -706,6 +710,63 @@ impl Store for RedisStore {
             let rec = self.record_name(key);
             Ok(self.inner.notifier.subscribe(&rec).await)
         })
+    }
+
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        Box::pin(self.tb_load_versioned(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        Box::pin(self.tb_compare_and_set(key, expected, value, ttl))
+    }
+
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        Box::pin(self.tb_transition(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_settle_transition(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(self.tb_load_state(key))
+    }
+
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_insert(filter, indexes, size_bits, ttl))
+    }
+
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_contains(filter, indexes, size_bits))
     }
 
     fn name(&self) -> &'static str {

@@ -45,7 +45,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::{BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+use super::{
+    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
+    TransitionOutcome, TransitionRequest, VersionedBytes,
+};
 use crate::{Error, Fingerprint, Key};
 
 #[cfg(feature = "mysql")]
@@ -54,6 +57,7 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod toolbox;
 mod tx;
 
 pub use tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
@@ -804,6 +808,65 @@ impl Store for SqlStore {
                 _ = tokio::time::sleep(CROSS_PROCESS_POLL) => {}
             }
         }))))
+    }
+
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        Box::pin(self.tb_load_versioned(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        Box::pin(self.tb_compare_and_set(key, expected, value, ttl))
+    }
+
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        Box::pin(self.tb_transition(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_settle_transition(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(self.tb_load_state(key))
+    }
+
+    /// SQL has no bitmap here: the filter lives in this process' memory (see the
+    /// `toolbox` module), so it sees only this process' ids.
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_insert(filter, indexes, size_bits, ttl))
+    }
+
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_contains(filter, indexes, size_bits))
     }
 
     fn name(&self) -> &'static str {

@@ -26,13 +26,22 @@ macro_rules! now {
 }
 
 pub(super) fn migrator() -> Migrator {
-    let mut m = Migrator::with_migrations(vec![Migration::new(
-        1,
-        "idem records".into(),
-        MigrationType::Simple,
-        include_str!("postgres_v1.sql").into_sql_str(),
-        false,
-    )]);
+    let mut m = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            "idem records".into(),
+            MigrationType::Simple,
+            include_str!("postgres_v1.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            "idem toolbox records".into(),
+            MigrationType::Simple,
+            include_str!("postgres_v2.sql").into_sql_str(),
+            false,
+        ),
+    ]);
     m.dangerous_set_table_name("_idem_migrations");
     // A newer idem may have added migrations; an older binary still runs on its table.
     m.set_ignore_missing(true);
