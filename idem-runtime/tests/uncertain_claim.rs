@@ -1,5 +1,6 @@
 //! A claim that the server applied but whose answer was lost (a timeout, a cut
-//! connection) must not keep the key busy for a whole lease.
+//! connection), or a completion that failed once, must not keep the key busy for a whole
+//! lease.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,4 +87,75 @@ async fn a_lost_claim_answer_does_not_block_the_key_for_a_lease() {
             "the key stayed claimed by the lost answer"
         );
     }
+}
+
+/// Fails the first completion (a busy database, say) and applies the rest.
+struct FlakyComplete {
+    inner: MemoryStore,
+    failed_once: AtomicBool,
+}
+
+impl Store for FlakyComplete {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        self.inner.claim(key, req)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        if !self.failed_once.swap(true, Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(Error::store("database is locked"))));
+        }
+        self.inner.complete(key, owner, value, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.release(key, owner)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.renew(key, owner, lease)
+    }
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.issue(key, ttl)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_completion_is_recorded_in_the_background() {
+    static OPTS: Options = Options::dedup("uncertain::complete")
+        .lease(Duration::from_secs(3600))
+        .wait(Duration::from_secs(10));
+    let idem = Idem::builder()
+        .store(FlakyComplete {
+            inner: MemoryStore::new(),
+            failed_once: AtomicBool::new(false),
+        })
+        .build();
+    let first: u8 = idem
+        .dedup(&OPTS, "k", async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(
+        first, 1,
+        "the caller gets its result although recording failed"
+    );
+    assert_eq!(idem.stats().store_failures, 1);
+    // Waits for the claim (the lease is an hour), then replays the value recorded by
+    // the background retry: the body does not run again.
+    let again: u8 = idem
+        .dedup(&OPTS, "k", async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(again, 1);
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
 use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
@@ -185,6 +186,38 @@ pub(crate) fn undo_uncertain_claim(store: &Arc<dyn Store>, key: Key, owner: Owne
     if matches!(err, Error::Store(_)) {
         drop(ClaimGuard::new(store.clone(), key, owner));
     }
+}
+
+/// Retries, in the background, a completion (`Some((value, ttl))`) or a release (`None`)
+/// that failed with a store error: a transient failure (a busy database, a dropped
+/// connection) must not leave the key claimed for a whole lease. Both are guarded by
+/// the owner, so a retry after someone else took the key changes nothing. Gives up after
+/// about five seconds of backoff; the lease then ends the claim.
+pub(crate) fn retry_settle(
+    store: Arc<dyn Store>,
+    key: Key,
+    owner: Owner,
+    settle: Option<(Bytes, Duration)>,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut delay = Duration::from_millis(20);
+        for _ in 0..8 {
+            sleep(delay).await;
+            let done = match &settle {
+                Some((value, ttl)) => store.complete(&key, owner, value.clone(), *ttl).await,
+                None => store.release(&key, owner).await,
+            };
+            match done {
+                Ok(_) => return,
+                Err(e) => tracing::debug!(%key, error = %e, "settling the claim failed again"),
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+        tracing::warn!(%key, "gave up recording the result; the claim ends with its lease");
+    });
 }
 
 /// Runs `body` while renewing the lease every third of it. Returns the body's output and

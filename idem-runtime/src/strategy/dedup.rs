@@ -7,7 +7,9 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{ClaimGuard, check_fingerprint, claim, undo_uncertain_claim, with_heartbeat};
+use super::claim::{
+    ClaimGuard, check_fingerprint, claim, retry_settle, undo_uncertain_claim, with_heartbeat,
+};
 use crate::codec::{Codec, NoReplay};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
@@ -62,8 +64,9 @@ where
         tracing::error!(%key, error = %e, "result does not serialize; storing a marker");
         <NoReplay as Codec<(), ()>>::encode(&key, &Ok(()))
     })?;
-    let outcome = match encoded {
-        Some(bytes) => store.complete(&key, owner, bytes, opts.ttl).await,
+    let settle = encoded.map(|bytes| (bytes, opts.ttl));
+    let outcome = match &settle {
+        Some((bytes, ttl)) => store.complete(&key, owner, bytes.clone(), *ttl).await,
         None => store.release(&key, owner).await,
     };
     guard.disarm();
@@ -71,10 +74,12 @@ where
         Ok(true) => {}
         Ok(false) => idem.lease_lost(&key, lost),
         Err(e) => {
-            // The effect happened; the caller gets its result. The claim stays until its
-            // lease ends, so duplicates wait or fail rather than run again at once.
+            // The effect happened; the caller gets its result. The claim stays (so
+            // duplicates wait rather than run again) while the result is recorded in the
+            // background; if the store stays down, the claim ends with its lease.
             idem.count_store_failure();
-            tracing::error!(%key, error = %e, "could not record the result; the key stays claimed until its lease ends");
+            tracing::error!(%key, error = %e, "could not record the result; retrying in the background");
+            retry_settle(store.clone(), key, owner, settle);
         }
     }
     result

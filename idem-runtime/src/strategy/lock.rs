@@ -4,7 +4,7 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{ClaimGuard, claim, undo_uncertain_claim, with_heartbeat};
+use super::claim::{ClaimGuard, claim, retry_settle, undo_uncertain_claim, with_heartbeat};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
 
@@ -72,7 +72,8 @@ where
         Ok(false) => idem.lease_lost(&key, lost),
         Err(e) => {
             idem.count_store_failure();
-            tracing::warn!(%key, error = %e, "unlock failed; the lock ends with its lease");
+            tracing::warn!(%key, error = %e, "unlock failed; retrying in the background");
+            retry_settle(store.clone(), key, owner, None);
         }
     }
     result
