@@ -357,10 +357,24 @@ impl SqlStore {
                     .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
                 // An in-memory database exists per connection: share one connection.
                 let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-                let pool = pool_options::<sqlx::Sqlite>(if in_memory { 1 } else { 8 })
-                    .connect_with(opts)
-                    .await
-                    .map_err(Error::store)?;
+                // Opening a fresh file from several connections (or processes) at once
+                // races on switching it to WAL, which needs an exclusive lock that
+                // SQLite refuses at once ("database is locked") rather than waiting
+                // for: try again briefly.
+                let mut attempt = 0;
+                let pool = loop {
+                    match pool_options::<sqlx::Sqlite>(if in_memory { 1 } else { 8 })
+                        .connect_with(opts.clone())
+                        .await
+                    {
+                        Ok(pool) => break pool,
+                        Err(e) if attempt < 10 && e.to_string().contains("database is locked") => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                        }
+                        Err(e) => return Err(Error::store(e)),
+                    }
+                };
                 SqlStore::from_sqlite_pool(pool).await
             }
             other => Err(Error::Config(format!(
