@@ -12,13 +12,26 @@ use idem_runtime::{
     ClaimOutcome, ClaimRequest, Error, Idem, Key, MemoryStore, Options, Owner, Store,
 };
 
-/// Applies every call, but answers the first claim with a store error.
-struct LostAnswer {
+/// A memory store with two injectable faults, each firing once: the first claim is
+/// applied but answered with a store error (a lost answer), and the first completion
+/// fails outright (a busy database, say).
+struct Flaky {
     inner: MemoryStore,
-    failed_once: AtomicBool,
+    lose_claim_answer: AtomicBool,
+    fail_complete: AtomicBool,
 }
 
-impl Store for LostAnswer {
+impl Flaky {
+    fn new(lose_claim_answer: bool, fail_complete: bool) -> Self {
+        Flaky {
+            inner: MemoryStore::new(),
+            lose_claim_answer: AtomicBool::new(lose_claim_answer),
+            fail_complete: AtomicBool::new(fail_complete),
+        }
+    }
+}
+
+impl Store for Flaky {
     fn claim<'a>(
         &'a self,
         key: &'a Key,
@@ -26,7 +39,7 @@ impl Store for LostAnswer {
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
         Box::pin(async move {
             let outcome = self.inner.claim(key, req).await?;
-            if !self.failed_once.swap(true, Ordering::SeqCst) {
+            if self.lose_claim_answer.swap(false, Ordering::SeqCst) {
                 return Err(Error::store("timed out waiting for the answer"));
             }
             Ok(outcome)
@@ -39,6 +52,9 @@ impl Store for LostAnswer {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
+        if self.fail_complete.swap(false, Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(Error::store("database is locked"))));
+        }
         self.inner.complete(key, owner, value, ttl)
     }
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
@@ -63,12 +79,7 @@ async fn a_lost_claim_answer_does_not_block_the_key_for_a_lease() {
         .lease(Duration::from_secs(3600))
         .wait(Duration::ZERO);
     for lock in [false, true] {
-        let idem = Idem::builder()
-            .store(LostAnswer {
-                inner: MemoryStore::new(),
-                failed_once: AtomicBool::new(false),
-            })
-            .build();
+        let idem = Idem::builder().store(Flaky::new(true, false)).build();
         let first: Result<u8, Error> = if lock {
             static LOCK: Options = Options::lock("uncertain::lock")
                 .lease(Duration::from_secs(3600))
@@ -89,59 +100,12 @@ async fn a_lost_claim_answer_does_not_block_the_key_for_a_lease() {
     }
 }
 
-/// Fails the first completion (a busy database, say) and applies the rest.
-struct FlakyComplete {
-    inner: MemoryStore,
-    failed_once: AtomicBool,
-}
-
-impl Store for FlakyComplete {
-    fn claim<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
-        self.inner.claim(key, req)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        if !self.failed_once.swap(true, Ordering::SeqCst) {
-            return Box::pin(std::future::ready(Err(Error::store("database is locked"))));
-        }
-        self.inner.complete(key, owner, value, ttl)
-    }
-    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        self.inner.release(key, owner)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        self.inner.renew(key, owner, lease)
-    }
-    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        self.inner.issue(key, ttl)
-    }
-}
-
 #[tokio::test]
 async fn a_failed_completion_is_recorded_in_the_background() {
     static OPTS: Options = Options::dedup("uncertain::complete")
         .lease(Duration::from_secs(3600))
         .wait(Duration::from_secs(10));
-    let idem = Idem::builder()
-        .store(FlakyComplete {
-            inner: MemoryStore::new(),
-            failed_once: AtomicBool::new(false),
-        })
-        .build();
+    let idem = Idem::builder().store(Flaky::new(false, true)).build();
     let first: u8 = idem
         .dedup(&OPTS, "k", async { Ok::<_, Error>(1) })
         .await
