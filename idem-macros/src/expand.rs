@@ -110,8 +110,31 @@ fn result_type<'a>(output: &'a ReturnType, name: &Ident) -> syn::Result<&'a Type
     }
 }
 
+/// `T` of a return type already checked to be `Result<T, E>`.
+fn ok_type(ret_ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ret_ty else {
+        return None;
+    };
+    let PathArguments::AngleBracketed(generics) = &path.path.segments.last()?.arguments else {
+        return None;
+    };
+    generics.args.iter().find_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+/// Whether a type's tokens name a lifetime or a reference.
+fn borrows(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|t| match t {
+        proc_macro2::TokenTree::Punct(p) => p.as_char() == '\'' || p.as_char() == '&',
+        proc_macro2::TokenTree::Group(g) => borrows(g.stream()),
+        _ => false,
+    })
+}
+
 /// What the key template and the fingerprint may name.
-struct Params {
+pub(crate) struct Params {
     has_self: bool,
     /// Parameters bound to a plain identifier (`order`, `mut cents`).
     plain: Vec<Ident>,
@@ -121,7 +144,7 @@ struct Params {
 }
 
 impl Params {
-    fn of(func: &ItemFn) -> Self {
+    pub(crate) fn of(func: &ItemFn) -> Self {
         let mut params = Params {
             has_self: false,
             plain: Vec::new(),
@@ -182,7 +205,12 @@ fn collect_bindings(pat: &Pat, out: &mut Vec<Ident>) {
 }
 
 /// Every key placeholder and fingerprint entry must name a parameter.
-fn check_references(config: &Config, params: &Params, fn_name: &Ident, errors: &mut Errors) {
+pub(crate) fn check_references(
+    config: &Config,
+    params: &Params,
+    fn_name: &Ident,
+    errors: &mut Errors,
+) {
     let explain = |name: &str| {
         if params.is_nested(name) {
             format!(
@@ -326,6 +354,31 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
         .map_or_else(Span::call_site, |t| t.span());
     let private_at = Ident::new("__idem_private", at);
     let constructor_at = Ident::new(&constructor.to_string(), at);
+    // Replays by clone on an in-process store when the `Ok` type allows it; decided by
+    // method lookup on a probe (see `idem_runtime::CloneReplay`), so no bound is added
+    // to the function. A type with borrowed parts is left out: lookup ignores lifetimes,
+    // so the probe would pick the clone path and then fail the `'static` it needs.
+    let reuse = format_ident!("__idem_reuse");
+    let replay_now = match ok_type(ret_ty) {
+        Some(ok) if codec && replays && !borrows(ok.to_token_stream()) => {
+            let replay_now_at = Ident::new("replay_now", at);
+            let mut args = Group::new(Delimiter::Parenthesis, quote!(&#rt, &#key, #fp, #reuse));
+            args.set_span(at);
+            let early = quote_spanned!(at=> #private_at::#replay_now_at #args);
+            quote! {
+                let #reuse = {
+                    #[allow(unused_imports)]
+                    use #private::{ByClone as _, ByDecode as _};
+                    (&&#private::Probe::<#ok>::NEW).clone_replay()
+                };
+                if let ::core::option::Option::Some(#ret) = #early {
+                    return #ret;
+                }
+            }
+        }
+        _ if codec => quote!(let #reuse = ::core::option::Option::None;),
+        _ => TokenStream::new(),
+    };
     let (generics, args) = if codec {
         let codec = Ident::new(
             match (replays, config.cache_err) {
@@ -338,7 +391,7 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
         );
         (
             quote_spanned!(at=> <#private_at::#codec, _, _, _>),
-            quote!(#rt, &#options, #key, #fp, #body),
+            quote!(#rt, &#options, #key, #fp, #reuse, #body),
         )
     } else {
         (
@@ -358,6 +411,7 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
             let #rt = #private::current();
             let #key = #rt.key(&#options, #rendered_key);
             #fingerprint
+            #replay_now
             #call
         }
     }

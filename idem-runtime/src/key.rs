@@ -5,6 +5,8 @@ use std::fmt::{self, Write as _};
 use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
+use siphasher::sip128::{Hasher128, SipHasher13};
+use std::hash::Hasher as _;
 
 use crate::Error;
 
@@ -18,11 +20,15 @@ const INLINE: usize = 192;
 /// The identity of one record in a store.
 ///
 /// Made of the runtime's namespace, the function's path (its *scope*) and a 128-bit
-/// BLAKE3 digest of namespace, scope and the rendered key. Stores address records by it;
+/// digest of namespace, scope and the rendered key: BLAKE3 for stores that processes
+/// share (the same in every process), SipHash under a per-process random key for a
+/// store whose records never leave the process ([`Store::local`](crate::Store::local)),
+/// where it is several times cheaper. Stores address records by it;
 /// the rendered key itself is never kept, so raw key material (emails, card ids) does not
 /// reach the store or the logs. A cryptographic digest, unlike a fast hash, cannot be
 /// steered into collisions by whoever controls the key's text (a client-sent
-/// idempotency key, say), so one caller can never be replayed another caller's result.
+/// idempotency key, say), and neither can a keyed hash whose key that writer never sees,
+/// so one caller can never be replayed another caller's result.
 ///
 /// `Copy`: namespaces are interned once per distinct name (see [`intern`]), so a key is
 /// two static strings and 16 bytes, and passing one around touches no shared counter.
@@ -38,7 +44,22 @@ impl Key {
     /// Renders `key` (usually `format_args!(...)`) straight into the digest, without
     /// allocating the string. `namespace` must be interned (see [`intern`]).
     pub fn new(namespace: &'static str, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
-        let mut w = DigestWriter::new(namespace, scope);
+        Key::render(Digest::Portable, namespace, scope, key)
+    }
+
+    /// The key for an already rendered string, in any namespace (interned on first use).
+    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
+        Key::rendered(Digest::Portable, intern(namespace), scope, key)
+    }
+
+    /// [`Key::new`] with the digest chosen by the store.
+    pub(crate) fn render(
+        digest: Digest,
+        namespace: &'static str,
+        scope: &'static str,
+        key: fmt::Arguments<'_>,
+    ) -> Key {
+        let mut w = DigestWriter::new(digest, namespace, scope);
         // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
         // truncates what it contributed, which still yields a deterministic digest.
         let _ = w.write_fmt(key);
@@ -49,12 +70,17 @@ impl Key {
         }
     }
 
-    /// The key for an already rendered string, in any namespace (interned on first use).
-    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
-        let mut w = DigestWriter::new(namespace, scope);
+    /// [`Key::from_str`] with the digest chosen by the store.
+    pub(crate) fn rendered(
+        digest: Digest,
+        namespace: &'static str,
+        scope: &'static str,
+        key: &str,
+    ) -> Key {
+        let mut w = DigestWriter::new(digest, namespace, scope);
         w.push(key.as_bytes());
         Key {
-            namespace: intern(namespace),
+            namespace,
             scope,
             digest: w.finish(),
         }
@@ -133,21 +159,97 @@ pub fn intern(namespace: &str) -> &'static str {
     s
 }
 
+/// Which 128-bit digest names records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Digest {
+    /// BLAKE3: the same in every process, for stores that processes share.
+    Portable,
+    /// SipHash-1-3 under a key drawn at random once per process, for stores whose records
+    /// never leave it. Whoever writes the keys cannot steer two into one digest without
+    /// knowing the hash key (SipHash is a keyed pseudo-random function, which is what
+    /// Rust's `HashMap` relies on against collision flooding), and it costs a fraction
+    /// of BLAKE3 on short inputs.
+    Local,
+}
+
+/// The per-process SipHash key of [`Digest::Local`].
+fn local_key() -> (u64, u64) {
+    static KEY: OnceLock<(u64, u64)> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut raw = [0u8; 16];
+        // Without OS randomness fall back to std's per-process random hasher keys, which
+        // are drawn the same way or from the clock, as `HashMap`'s are.
+        if getrandom::fill(&mut raw).is_err() {
+            use std::hash::{BuildHasher, Hasher};
+            let state = std::collections::hash_map::RandomState::new();
+            for (i, half) in raw.chunks_mut(8).enumerate() {
+                let mut h = state.build_hasher();
+                h.write_usize(i);
+                half.copy_from_slice(&h.finish().to_le_bytes());
+            }
+        }
+        let (a, b) = raw.split_at(8);
+        (
+            u64::from_le_bytes(a.try_into().unwrap_or_default()),
+            u64::from_le_bytes(b.try_into().unwrap_or_default()),
+        )
+    })
+}
+
+/// The local digest of (namespace, scope), which starts every local digest of that
+/// function's keys in place of the names themselves.
+pub(crate) fn local_prefix(namespace: &str, scope: &str) -> [u8; 16] {
+    DigestWriter::framed(Digest::Local, namespace, scope).finish()
+}
+
+impl Key {
+    /// A local-digest key whose (namespace, scope) prefix is already hashed.
+    pub(crate) fn render_local(
+        prefix: [u8; 16],
+        namespace: &'static str,
+        scope: &'static str,
+        key: fmt::Arguments<'_>,
+    ) -> Key {
+        let mut w = DigestWriter::after(prefix);
+        let _ = w.write_fmt(key);
+        Key {
+            namespace,
+            scope,
+            digest: w.finish(),
+        }
+    }
+}
+
 /// Feeds the digest: small inputs collect in a stack buffer and are hashed in one call
 /// (BLAKE3's fastest path, with no 2 KiB hasher state to set up); larger ones stream
 /// into a hasher. Both give the same digest for the same bytes.
-struct DigestWriter {
+pub(crate) struct DigestWriter {
     buf: [u8; INLINE],
     len: usize,
-    /// Boxed: the hasher state is 2 KiB, and most keys never need it.
-    spill: Option<Box<blake3::Hasher>>,
+    digest: Digest,
+    /// Boxed: the BLAKE3 hasher state is 2 KiB, and most keys never need it.
+    spill: Option<Spill>,
+}
+
+enum Spill {
+    Portable(Box<blake3::Hasher>),
+    Local(SipHasher13),
 }
 
 impl DigestWriter {
-    fn new(namespace: &str, scope: &str) -> Self {
+    fn new(digest: Digest, namespace: &'static str, scope: &'static str) -> Self {
+        match digest {
+            Digest::Portable => DigestWriter::framed(digest, namespace, scope),
+            Digest::Local => DigestWriter::after(local_prefix(namespace, scope)),
+        }
+    }
+
+    /// A writer that starts with the framing of namespace and scope.
+    fn framed(digest: Digest, namespace: &str, scope: &str) -> Self {
         let mut w = DigestWriter {
             buf: [0; INLINE],
             len: 0,
+            digest,
             spill: None,
         };
         // Length prefixes keep ("a:b", "c") and ("a", "b:c") apart.
@@ -158,29 +260,73 @@ impl DigestWriter {
         w
     }
 
+    /// A local-digest writer that starts with the (namespace, scope) prefix digest:
+    /// fixed-size, so what follows cannot shift into it.
+    pub(crate) fn after(prefix: [u8; 16]) -> Self {
+        let mut buf = [0; INLINE];
+        buf[..16].copy_from_slice(&prefix);
+        DigestWriter {
+            buf,
+            len: 16,
+            digest: Digest::Local,
+            spill: None,
+        }
+    }
+
+    #[inline]
     fn push(&mut self, bytes: &[u8]) {
-        if let Some(h) = self.spill.as_mut() {
-            h.update(bytes);
-        } else if self.len + bytes.len() <= INLINE {
-            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-            self.len += bytes.len();
+        let end = self.len + bytes.len();
+        if end <= INLINE && self.spill.is_none() {
+            self.buf[self.len..end].copy_from_slice(bytes);
+            self.len = end;
         } else {
-            let mut h = Box::new(blake3::Hasher::new());
-            h.update(&self.buf[..self.len]);
-            h.update(bytes);
-            self.spill = Some(h);
+            self.push_spilled(bytes);
+        }
+    }
+
+    #[cold]
+    fn push_spilled(&mut self, bytes: &[u8]) {
+        let buffered = &self.buf[..self.len];
+        let spill = self.spill.get_or_insert_with(|| match self.digest {
+            Digest::Portable => {
+                let mut h = Box::new(blake3::Hasher::new());
+                h.update(buffered);
+                Spill::Portable(h)
+            }
+            Digest::Local => {
+                let (k0, k1) = local_key();
+                let mut h = SipHasher13::new_with_keys(k0, k1);
+                h.write(buffered);
+                Spill::Local(h)
+            }
+        });
+        match spill {
+            Spill::Portable(h) => {
+                h.update(bytes);
+            }
+            Spill::Local(h) => h.write(bytes),
         }
     }
 
     fn finish(&self) -> [u8; 16] {
-        let hash = match &self.spill {
-            Some(h) => h.finalize(),
-            None => blake3::hash(&self.buf[..self.len]),
-        };
-        let mut digest = [0u8; 16];
-        digest.copy_from_slice(&hash.as_bytes()[..16]);
-        digest
+        match (&self.spill, self.digest) {
+            (Some(Spill::Portable(h)), _) => truncate(h.finalize()),
+            (Some(Spill::Local(h)), _) => h.finish128().as_bytes(),
+            (None, Digest::Portable) => truncate(blake3::hash(&self.buf[..self.len])),
+            (None, Digest::Local) => {
+                let (k0, k1) = local_key();
+                let mut h = SipHasher13::new_with_keys(k0, k1);
+                h.write(&self.buf[..self.len]);
+                h.finish128().as_bytes()
+            }
+        }
     }
+}
+
+fn truncate(hash: blake3::Hash) -> [u8; 16] {
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&hash.as_bytes()[..16]);
+    digest
 }
 
 impl fmt::Write for DigestWriter {

@@ -50,7 +50,7 @@ mod strategy;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
-pub use codec::{Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
+pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
 pub use idem_macros::idempotent;
 pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
@@ -66,7 +66,9 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
-pub use store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+pub use store::{
+    ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner, Store, Subscription,
+};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::lock::fence;
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
@@ -81,7 +83,9 @@ struct ReadmeDoctests;
 /// release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::codec::{NoReplay, NoReplayResult, ReplayOk, ReplayResult};
+    pub use crate::codec::{
+        ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
+    };
     pub use crate::key::FingerprintBuilder;
     pub use crate::options::{OnDuplicate, Options};
     pub use crate::runtime::Current;
@@ -90,7 +94,7 @@ pub mod __private {
     pub fn current() -> Current {
         Current::get()
     }
-    pub use crate::runtime::private::{dedup, lock, token};
+    pub use crate::runtime::private::{dedup, lock, replay_now, token};
     pub use std::time::Duration;
 
     /// Compile-time check that a replayed `Ok` type can be stored.

@@ -1,5 +1,6 @@
 //! Per-function options: what `#[idempotent(...)]` compiles to, and what the direct API takes.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Which strategy a function uses (DESIGN §4).
@@ -45,6 +46,10 @@ pub struct Options {
     pub(crate) lease: Duration,
     pub(crate) wait: Duration,
     pub(crate) on_duplicate: OnDuplicate,
+    /// The local digest of (namespace, scope) for the first namespace these options were
+    /// used in (see [`Key`](crate::Key)): options live in a `static` per function, so
+    /// the framing of every key of that function is hashed once, not per call.
+    pub(crate) local_prefix: OnceLock<(&'static str, [u8; 16])>,
 }
 
 /// Default time a completed record (or an issued token) is kept.
@@ -63,6 +68,20 @@ impl Options {
             lease: DEFAULT_LEASE,
             wait: DEFAULT_WAIT,
             on_duplicate,
+            local_prefix: OnceLock::new(),
+        }
+    }
+
+    /// The local-digest prefix of `namespace` and these options' scope, hashed once.
+    pub(crate) fn local_prefix(&self, namespace: &'static str) -> [u8; 16] {
+        match self.local_prefix.get() {
+            // Interned namespaces compare by address.
+            Some((ns, prefix)) if std::ptr::eq(*ns, namespace) => *prefix,
+            _ => {
+                let prefix = crate::key::local_prefix(namespace, self.scope());
+                let _ = self.local_prefix.set((namespace, prefix));
+                prefix
+            }
         }
     }
 

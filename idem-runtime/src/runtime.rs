@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::codec::{Codec, ReplayOk};
+use crate::codec::{CloneReplay, Codec, ReplayOk};
+use crate::key::Digest;
 use crate::options::Strategy;
 use crate::store::memory::MemoryStore;
 use crate::store::{ClaimKind, Store};
@@ -39,6 +40,9 @@ pub struct Idem {
 struct Inner {
     store: Arc<dyn Store>,
     namespace: &'static str,
+    /// How records are named: a per-process keyed hash when the store never leaves the
+    /// process, the portable digest otherwise.
+    digest: Digest,
     lease_lost: AtomicU64,
     store_failures: AtomicU64,
 }
@@ -94,12 +98,19 @@ impl Builder {
 
     /// The runtime.
     pub fn build(self) -> Idem {
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let digest = if store.local().is_some() {
+            Digest::Local
+        } else {
+            Digest::Portable
+        };
         Idem {
             inner: Arc::new(Inner {
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store,
                 namespace: crate::key::intern(
                     self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
                 ),
+                digest,
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
             }),
@@ -222,7 +233,21 @@ impl Idem {
     /// The record key for `key` rendered under `opts` in this runtime's namespace.
     /// Nothing is allocated for the rendering: it streams into the digest.
     pub fn key(&self, opts: &Options, key: fmt::Arguments<'_>) -> Key {
-        Key::new(self.inner.namespace, opts.scope(), key)
+        let ns = self.inner.namespace;
+        match self.inner.digest {
+            Digest::Local => Key::render_local(opts.local_prefix(ns), ns, opts.scope(), key),
+            Digest::Portable => Key::render(Digest::Portable, ns, opts.scope(), key),
+        }
+    }
+
+    /// The record key of a token.
+    pub(crate) fn token_key(&self, token: &str) -> Key {
+        Key::rendered(
+            self.inner.digest,
+            self.inner.namespace,
+            crate::key::TOKEN_SCOPE,
+            token,
+        )
     }
 
     /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
@@ -267,7 +292,7 @@ impl Idem {
         F: Future<Output = Result<T, E>>,
     {
         let key = self.key(opts, format_args!("{key}"));
-        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Dedup, key, fingerprint, body)
+        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Dedup, key, fingerprint, None, body)
     }
 
     /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
@@ -301,8 +326,8 @@ impl Idem {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let key = Key::from_str(self.inner.namespace, crate::key::TOKEN_SCOPE, token);
-        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, body).await
+        let key = self.token_key(token);
+        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, None, body).await
     }
 
     pub(crate) fn lease_lost(&self, key: &Key, observed: bool) {
@@ -332,6 +357,7 @@ pub(crate) mod private {
         opts: &'static Options,
         key: Key,
         fp: Option<Fingerprint>,
+        reuse: Option<CloneReplay<T>>,
         body: F,
     ) -> impl Future<Output = Result<T, E>>
     where
@@ -340,7 +366,25 @@ pub(crate) mod private {
         F: Future<Output = Result<T, E>>,
     {
         debug_assert_eq!(opts.strategy, Strategy::Dedup);
-        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, body)
+        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, reuse, body)
+    }
+
+    /// A replay answered on the spot from a decoded value kept beside the record by an
+    /// in-process store (see [`CloneReplay`]), before any claim or future is built.
+    /// `None`: take the normal path (which decodes, and keeps the value for next time).
+    #[inline]
+    pub fn replay_now<T, E: From<Error>>(
+        rt: &Idem,
+        key: &Key,
+        fp: Option<Fingerprint>,
+        reuse: Option<CloneReplay<T>>,
+    ) -> Option<Result<T, E>> {
+        let reuse = reuse?;
+        let (stored, memo) = rt.store().local()?.peek_memo(key)?;
+        if let Err(e) = crate::strategy::claim::check_fingerprint(key, fp, stored) {
+            return Some(Err(e.into()));
+        }
+        reuse.get(&*memo).map(Ok)
     }
 
     /// Token consumption, as expanded from the attribute.
@@ -349,6 +393,7 @@ pub(crate) mod private {
         opts: &'static Options,
         key: Key,
         fp: Option<Fingerprint>,
+        reuse: Option<CloneReplay<T>>,
         body: F,
     ) -> impl Future<Output = Result<T, E>>
     where
@@ -356,7 +401,7 @@ pub(crate) mod private {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, body)
+        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, reuse, body)
     }
 
     /// Lock, as expanded from the attribute.

@@ -13,8 +13,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{
-    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
-    TransitionOutcome, TransitionRequest, VersionedBytes,
+    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner, Settle, Store,
+    Subscription, TransitionOutcome, TransitionRequest, VersionedBytes,
 };
 use crate::{Error, Fingerprint, Key};
 
@@ -76,6 +76,8 @@ enum State {
     },
     Completed {
         value: Bytes,
+        /// The value decoded once by a replay, handed to later replays (see [`Memo`]).
+        memo: Option<Memo>,
     },
 }
 
@@ -140,34 +142,41 @@ impl MemoryStore {
         lock(&self.shards[usize::from(d[15]) % SHARDS])
     }
 
-    fn claim_now(&self, key: &Key, req: &ClaimRequest) -> ClaimOutcome {
+    fn claim_memo(&self, key: &Key, req: &ClaimRequest) -> (ClaimOutcome, Option<Memo>) {
         let now = Instant::now();
         let mut shard = self.shard(key);
         let lease_until = now + req.lease;
         if let Some(e) = shard.live(key, now) {
             match &e.state {
-                State::Completed { value } => {
-                    return ClaimOutcome::Completed {
+                State::Completed { value, memo } => {
+                    let done = ClaimOutcome::Completed {
                         value: value.clone(),
                         fingerprint: e.fingerprint,
                     };
+                    return (done, memo.clone());
                 }
                 State::InProgress {
                     lease_until: held_until,
                     ..
                 } if *held_until > now || req.kind != ClaimKind::Token => {
-                    return ClaimOutcome::Busy {
-                        retry_in: held_until.saturating_duration_since(now),
-                        fingerprint: e.fingerprint,
-                    };
+                    return (
+                        ClaimOutcome::Busy {
+                            retry_in: held_until.saturating_duration_since(now),
+                            fingerprint: e.fingerprint,
+                        },
+                        None,
+                    );
                 }
                 State::Issued if req.kind != ClaimKind::Token => {
                     // A token record under a dedup or lock key cannot be produced through
                     // the runtime (their scopes differ); treat it as held until it expires.
-                    return ClaimOutcome::Busy {
-                        retry_in: e.expires_at.saturating_duration_since(now),
-                        fingerprint: e.fingerprint,
-                    };
+                    return (
+                        ClaimOutcome::Busy {
+                            retry_in: e.expires_at.saturating_duration_since(now),
+                            fingerprint: e.fingerprint,
+                        },
+                        None,
+                    );
                 }
                 // An issued token, or a token claim whose lease ended: take it.
                 State::Issued | State::InProgress { .. } => {
@@ -184,12 +193,12 @@ impl MemoryStore {
                     e.expires_at = token_expires.max(lease_until);
                     e.fingerprint = req.fingerprint;
                     e.wake();
-                    return ClaimOutcome::Claimed { fence: 0 };
+                    return (ClaimOutcome::Claimed { fence: 0 }, None);
                 }
             }
         }
         if req.kind == ClaimKind::Token {
-            return ClaimOutcome::Missing;
+            return (ClaimOutcome::Missing, None);
         }
         let fence = if req.kind == ClaimKind::Lock {
             self.fence.fetch_add(1, Ordering::Relaxed) + 1
@@ -210,7 +219,7 @@ impl MemoryStore {
             },
             now,
         );
-        ClaimOutcome::Claimed { fence }
+        (ClaimOutcome::Claimed { fence }, None)
     }
 
     fn complete_now(&self, key: &Key, owner: Owner, value: Bytes, ttl: Duration) -> bool {
@@ -225,7 +234,7 @@ impl MemoryStore {
                 lease_until,
                 ..
             } if o == owner && lease_until > now => {
-                e.state = State::Completed { value };
+                e.state = State::Completed { value, memo: None };
                 e.expires_at = now + ttl;
                 e.wake();
                 true
@@ -371,13 +380,54 @@ fn ready<T: Send + 'static>(v: T) -> BoxFuture<'static, Result<T, Error>> {
     Box::pin(std::future::ready(Ok(v)))
 }
 
+impl LocalStore for MemoryStore {
+    fn claim_now(
+        &self,
+        key: &Key,
+        req: &ClaimRequest,
+    ) -> Result<(ClaimOutcome, Option<Memo>), Error> {
+        Ok(self.claim_memo(key, req))
+    }
+
+    fn memoize(&self, key: &Key, value: &Bytes, memo: Memo) {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        if let Some(Entry {
+            state: State::Completed { value: v, memo: m },
+            ..
+        }) = shard.live(key, now)
+        {
+            // The caller holds a clone of the bytes it decoded, so their allocation is
+            // alive: the same pointer means the same record, not a newer one that
+            // happens to reuse the address.
+            if v.as_ptr() == value.as_ptr() && v.len() == value.len() {
+                *m = Some(memo);
+            }
+        }
+    }
+    fn peek_memo(&self, key: &Key) -> Option<(Option<Fingerprint>, Memo)> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        match shard.live(key, now)? {
+            Entry {
+                state: State::Completed {
+                    memo: Some(memo), ..
+                },
+                fingerprint,
+                ..
+            } => Some((*fingerprint, memo.clone())),
+            _ => None,
+        }
+    }
+}
+
 impl Store for MemoryStore {
     fn claim<'a>(
         &'a self,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
-        ready(self.claim_now(key, req))
+        ready(self.claim_memo(key, req).0)
     }
 
     fn complete<'a>(
@@ -474,5 +524,9 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn local(&self) -> Option<&dyn LocalStore> {
+        Some(self)
     }
 }

@@ -10,6 +10,7 @@
 //! third-party backend gets all of them by implementing this trait and passing the
 //! conformance suite in `idem_runtime::testing`.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +36,36 @@ pub use url::connect;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+
+/// A decoded value kept beside a completed record by a [`LocalStore`], so that a replay
+/// can hand out a clone of it instead of decoding the stored bytes again.
+pub type Memo = std::sync::Arc<dyn Any + Send + Sync>;
+
+/// The fast path of a store whose records live in this process (see [`Store::local`]):
+/// answered at once, without a future, and able to keep a decoded value beside a
+/// completed record.
+///
+/// Everything here is an optimisation. The strategies fall back to the [`Store`] methods
+/// for anything a local store does not answer, and a store that does not implement this
+/// trait loses nothing but speed.
+pub trait LocalStore: Send + Sync {
+    /// The same atomic step as [`Store::claim`], answered synchronously. A completed
+    /// record comes with the memo kept for it by [`memoize`](Self::memoize), if any.
+    fn claim_now(
+        &self,
+        key: &Key,
+        req: &ClaimRequest,
+    ) -> Result<(ClaimOutcome, Option<Memo>), Error>;
+
+    /// Keeps `memo` beside the completed record under `key`, if that record still holds
+    /// exactly `value` (the bytes `claim_now` returned; `memo` was decoded from them).
+    /// A record that has changed since is left alone.
+    fn memoize(&self, key: &Key, value: &Bytes, memo: Memo);
+
+    /// The memo and fingerprint of the completed record under `key`, if it is live and
+    /// has a memo; changes nothing. Lets a replay skip building a claim at all.
+    fn peek_memo(&self, key: &Key) -> Option<(Option<Fingerprint>, Memo)>;
+}
 
 /// A boxed, sendable future, as returned by [`Store`] methods (keeps the trait object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -375,6 +406,16 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str {
         "custom"
     }
+
+    /// The in-process fast path, for a store whose records live in this process only.
+    ///
+    /// Such a store is never shared with another process, so the runtime also names its
+    /// records with a per-process keyed hash (SipHash with a random key) instead of the
+    /// portable BLAKE3 digest: just as collision-proof against whoever writes the keys,
+    /// and several times cheaper. Default: `None` (a shared store).
+    fn local(&self) -> Option<&dyn LocalStore> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -463,6 +504,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn local(&self) -> Option<&dyn LocalStore> {
+        (**self).local()
     }
 }
 

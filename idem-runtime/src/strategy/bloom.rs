@@ -379,9 +379,16 @@ impl Idem {
                 };
                 body(verdict).await
             };
-            let value =
-                dedup::run::<ReplayOk, T, E, _>(self, opts, ClaimKind::Dedup, key, None, body)
-                    .await?;
+            let value = dedup::run::<ReplayOk, T, E, _>(
+                self,
+                opts,
+                ClaimKind::Dedup,
+                key,
+                None,
+                None,
+                body,
+            )
+            .await?;
             Ok(Filtered {
                 value,
                 ran: ran.load(Ordering::Relaxed),

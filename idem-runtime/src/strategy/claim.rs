@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
-use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Store, Subscription};
+use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Memo, Owner, Store, Subscription};
 use crate::{Error, Fingerprint, Key};
 
 /// Polling steps for stores whose subscriptions never fire (or when subscribing failed).
@@ -35,6 +35,32 @@ pub(crate) async fn claim(
             fingerprint,
         } => Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await,
         other => Ok(Some(other)),
+    }
+}
+
+/// [`claim`] through the store's in-process fast path when it has one ([`Store::local`]):
+/// no boxed future, and a completed record comes with the decoded value kept beside it.
+pub(crate) async fn claim_memo(
+    store: &dyn Store,
+    key: &Key,
+    req: &ClaimRequest,
+    wait: Duration,
+) -> Result<(Option<ClaimOutcome>, Option<Memo>), Error> {
+    let Some(local) = store.local() else {
+        return Ok((claim(store, key, req, wait).await?, None));
+    };
+    match local.claim_now(key, req)? {
+        (
+            ClaimOutcome::Busy {
+                retry_in,
+                fingerprint,
+            },
+            _,
+        ) => {
+            let waited = Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await?;
+            Ok((waited, None))
+        }
+        (other, memo) => Ok((Some(other), memo)),
     }
 }
 

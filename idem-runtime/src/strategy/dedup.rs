@@ -8,14 +8,16 @@ use std::future::Future;
 use std::ops::Deref;
 
 use super::claim::{
-    ClaimGuard, check_fingerprint, claim, retry_settle, undo_uncertain_claim, with_heartbeat,
+    ClaimGuard, check_fingerprint, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat,
 };
-use crate::codec::{Codec, NoReplay};
+use crate::codec::{CloneReplay, Codec, NoReplay};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 
 /// Claim, run, then complete (or release on a non-cached `Err`).
+///
+/// `reuse`: replay by clone on an in-process store (see [`CloneReplay`]).
 ///
 /// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that
 /// entry points can return this future directly instead of wrapping it in another.
@@ -25,6 +27,7 @@ pub(crate) async fn run<C, T, E, F>(
     kind: ClaimKind,
     key: Key,
     fingerprint: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
     body: F,
 ) -> Result<T, E>
 where
@@ -35,20 +38,31 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-    match claim(&**store, &key, &req, opts.wait)
+    let (outcome, memo) = claim_memo(&**store, &key, &req, opts.wait)
         .await
-        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?
-    {
+        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?;
+    match outcome {
         Some(ClaimOutcome::Claimed { .. }) => {}
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,
         }) => {
             check_fingerprint(&key, fingerprint, stored)?;
-            return match opts.on_duplicate {
-                OnDuplicate::Reject => Err(Error::Duplicate { key }.into()),
-                OnDuplicate::Replay => C::decode(&key, &value)?,
-            };
+            if opts.on_duplicate == OnDuplicate::Reject {
+                return Err(Error::Duplicate { key }.into());
+            }
+            if let (Some(reuse), Some(memo)) = (&reuse, &memo)
+                && let Some(v) = reuse.get(&**memo)
+            {
+                return Ok(v);
+            }
+            let decoded = C::decode(&key, &value)?;
+            if let (Some(reuse), Some(local), Ok(v)) = (&reuse, store.local(), &decoded) {
+                // Only a value decoded from the record is kept, so a clone of it is
+                // exactly what the next decode would give.
+                local.memoize(&key, &value, reuse.make(v));
+            }
+            return decoded;
         }
         Some(ClaimOutcome::Missing) => return Err(Error::TokenInvalid { key }.into()),
         None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::InProgress { key }.into()),

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::{Error, Idem, Key};
+use crate::{Error, Idem};
 
 /// Issues a token valid for `ttl` in `idem`'s namespace: 128 bits from the OS RNG as 32
 /// lowercase hex digits. Only its digest is stored.
@@ -16,7 +16,7 @@ pub(crate) async fn issue(idem: &Idem, ttl: Duration) -> Result<String, Error> {
         for b in raw {
             let _ = write!(token, "{b:02x}");
         }
-        let key = Key::from_str(idem.namespace(), crate::key::TOKEN_SCOPE, &token);
+        let key = idem.token_key(&token);
         // A collision of 128 random bits does not happen in practice; if the store says
         // the slot is taken anyway, draw again rather than hand out a shared token.
         if idem.store().issue(&key, ttl).await? {
