@@ -111,7 +111,11 @@ enum Arg {
 }
 
 /// `= "..."`; `example` is shown when the value is not a string literal.
-fn parse_eq_str(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<LitStr> {
+pub(crate) fn parse_eq_str(
+    input: ParseStream<'_>,
+    option: &str,
+    example: &str,
+) -> syn::Result<LitStr> {
     input.parse::<Token![=]>()?;
     if input.peek(LitStr) {
         return input.parse();
@@ -185,16 +189,7 @@ impl DurationArg {
             _ => "\"10s\"",
         };
         let lit = parse_eq_str(input, what, example)?;
-        let millis = parse_millis(&lit.value()).ok_or_else(|| {
-            syn::Error::new(
-                lit.span(),
-                format!(
-                    "invalid duration {:?} for `{what}`; write an integer followed by a unit \
-                     (ms, s, m, h or d), e.g. \"250ms\", \"30s\", \"5m\", \"24h\", \"7d\"",
-                    lit.value()
-                ),
-            )
-        })?;
+        let millis = duration_millis(&lit, what)?;
         if millis == 0 && !allow_zero {
             return Err(syn::Error::new(
                 lit.span(),
@@ -212,9 +207,24 @@ impl DurationArg {
     }
 }
 
+/// The milliseconds of a duration literal, or an error at the literal that says how to
+/// write one; `what` names the option.
+pub(crate) fn duration_millis(lit: &LitStr, what: &str) -> syn::Result<u64> {
+    parse_millis(&lit.value()).ok_or_else(|| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid duration {:?} for `{what}`; write an integer followed by a unit \
+                 (ms, s, m, h or d), e.g. \"250ms\", \"30s\", \"5m\", \"24h\", \"7d\"",
+                lit.value()
+            ),
+        )
+    })
+}
+
 /// Milliseconds in `"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`; `None` if malformed or
 /// if it does not fit in a `u64` of milliseconds.
-fn parse_millis(text: &str) -> Option<u64> {
+pub(crate) fn parse_millis(text: &str) -> Option<u64> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
@@ -287,7 +297,7 @@ impl CacheErrArg {
 }
 
 impl CrateArg {
-    fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
+    pub(crate) fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
         let lit = parse_eq_str(input, "crate", "\"::idem_runtime\"")?;
         let path = lit.parse::<syn::Path>().map_err(|_| {
             syn::Error::new(
@@ -304,6 +314,23 @@ impl CrateArg {
             lit: lit.span(),
             path,
         })
+    }
+
+    /// The `crate` keyword, where a duplicate is reported.
+    pub(crate) fn kw(&self) -> Span {
+        self.kw
+    }
+
+    /// `#path::__private` and the span to report a wrong path at; the default without
+    /// the option.
+    pub(crate) fn private(arg: Option<CrateArg>) -> (TokenStream, Span) {
+        match arg {
+            Some(arg) => {
+                let path = arg.path;
+                (quote_spanned!(arg.lit=> #path::__private), arg.lit)
+            }
+            None => (quote!(::idem_runtime::__private), Span::call_site()),
+        }
     }
 }
 
@@ -338,19 +365,24 @@ impl Arg {
             CrateArg::parse_value(kw.span, input).map(Arg::Crate)
         } else {
             let name = input.call(Ident::parse_any)?;
-            Err(syn::Error::new(
-                name.span(),
-                format!(
-                    "unknown option `{name}`{}; valid options are: {}",
-                    did_you_mean(&name.to_string(), OPTIONS),
-                    OPTIONS.join(", ")
-                ),
-            ))
+            Err(unknown_option(&name, OPTIONS))
         }
     }
 }
 
-fn unknown_value(lit: &LitStr, option: &str, value: &str, valid: &[&str]) -> syn::Error {
+/// `unknown option `tll` (did you mean `ttl`?); valid options are: ...`, at the name.
+pub(crate) fn unknown_option(name: &Ident, valid: &[&str]) -> syn::Error {
+    syn::Error::new(
+        name.span(),
+        format!(
+            "unknown option `{name}`{}; valid options are: {}",
+            did_you_mean(&name.to_string(), valid),
+            valid.join(", ")
+        ),
+    )
+}
+
+pub(crate) fn unknown_value(lit: &LitStr, option: &str, value: &str, valid: &[&str]) -> syn::Error {
     let listed: Vec<String> = valid.iter().map(|v| format!("\"{v}\"")).collect();
     syn::Error::new(
         lit.span(),
@@ -363,7 +395,7 @@ fn unknown_value(lit: &LitStr, option: &str, value: &str, valid: &[&str]) -> syn
 }
 
 /// `" (did you mean `ttl`?)"` for a near miss, else nothing.
-fn did_you_mean(given: &str, valid: &[&str]) -> String {
+pub(crate) fn did_you_mean(given: &str, valid: &[&str]) -> String {
     valid
         .iter()
         .map(|candidate| (edit_distance(given, candidate), candidate))
@@ -421,7 +453,12 @@ pub(crate) struct Configuration {
     key_attempted: bool,
 }
 
-fn set_once<T>(slot: &mut Option<T>, value: T, name: &str, span: Span) -> syn::Result<()> {
+pub(crate) fn set_once<T>(
+    slot: &mut Option<T>,
+    value: T,
+    name: &str,
+    span: Span,
+) -> syn::Result<()> {
     if slot.is_some() {
         return Err(syn::Error::new(
             span,
@@ -490,29 +527,8 @@ impl Configuration {
     /// signature in the same build.
     pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> Option<Config> {
         let mut config = Configuration::default();
-        for chunk in split_at_commas(args) {
-            let Some(first) = chunk.tokens.clone().into_iter().next() else {
-                // `a,,b`: a stray comma. A trailing comma leaves no chunk at all.
-                errors.push(syn::Error::new(
-                    chunk.comma,
-                    "expected an option before this comma",
-                ));
-                continue;
-            };
-            match Arg::parse.parse2(chunk.tokens) {
-                Ok(arg) => {
-                    if let Err(error) = config.set(arg) {
-                        errors.push(error);
-                    }
-                }
-                Err(error) => {
-                    if matches!(&first, TokenTree::Ident(ident) if ident == "key") {
-                        config.key_attempted = true;
-                    }
-                    errors.push(error);
-                }
-            }
-        }
+        let failed = parse_options(args, errors, Arg::parse, |arg| config.set(arg));
+        config.key_attempted = failed.iter().any(|name| name == "key");
         config
             .build()
             .map_err(|error| errors.push(error))
@@ -595,13 +611,7 @@ impl Configuration {
             cache_err: self.cache_err.is_some_and(|a| a.value),
             fingerprint: self.fingerprint.map(|a| a.args).unwrap_or_default(),
             // A wrong `crate` path is then reported at the literal.
-            private: match self.krate {
-                Some(arg) => {
-                    let path = arg.path;
-                    (quote_spanned!(arg.lit=> #path::__private), arg.lit)
-                }
-                None => (quote!(::idem_runtime::__private), Span::call_site()),
-            },
+            private: CrateArg::private(self.krate),
         }))
     }
 }
@@ -621,6 +631,62 @@ pub(crate) struct Config {
     /// `::idem_runtime::__private`, or the `crate` option's path to it, and the span to
     /// report it at.
     pub(crate) private: (TokenStream, Span),
+}
+
+/// Parses an attribute's comma-separated options one by one with `parse`, handing each
+/// to `set`; every error is collected. Returns the names of the options that were
+/// written but failed to parse, so that a "missing option" error is not reported for
+/// them on top of their own.
+pub(crate) fn parse_options<A>(
+    args: TokenStream,
+    errors: &mut Errors,
+    parse: fn(ParseStream<'_>) -> syn::Result<A>,
+    mut set: impl FnMut(A) -> syn::Result<()>,
+) -> Vec<String> {
+    let mut failed = Vec::new();
+    for chunk in split_at_commas(args) {
+        let Some(first) = chunk.tokens.clone().into_iter().next() else {
+            // `a,,b`: a stray comma. A trailing comma leaves no chunk at all.
+            errors.push(syn::Error::new(
+                chunk.comma,
+                "expected an option before this comma",
+            ));
+            continue;
+        };
+        match parse.parse2(chunk.tokens) {
+            Ok(arg) => {
+                if let Err(error) = set(arg) {
+                    errors.push(error);
+                }
+            }
+            Err(error) => {
+                if let TokenTree::Ident(ident) = &first {
+                    failed.push(ident.to_string());
+                }
+                errors.push(error);
+            }
+        }
+    }
+    failed
+}
+
+impl Config {
+    /// A configuration that carries only `key`, so that another attribute's key template
+    /// is checked against the signature by exactly the rules of `#[idempotent]`
+    /// (`expand::check_references`).
+    pub(crate) fn key_only(key: Template) -> Config {
+        Config {
+            key,
+            strategy: Strategy::Dedup,
+            ttl_ms: None,
+            lease_ms: DEFAULT_LEASE_MS,
+            wait_ms: DEFAULT_WAIT_MS,
+            on_duplicate: None,
+            cache_err: false,
+            fingerprint: Vec::new(),
+            private: CrateArg::private(None),
+        }
+    }
 }
 
 struct Chunk {

@@ -1,14 +1,16 @@
-//! The `#[idempotent]` attribute of [idem](https://docs.rs/idem-runtime).
+//! The attributes of [idem](https://docs.rs/idem-runtime): `#[idempotent]`, and its
+//! siblings `#[retry_on_conflict]` and `#[transition]`.
 //!
-//! Depend on `idem-runtime`, which re-exports this attribute as
-//! `idem_runtime::idempotent`; this crate only rewrites the function, all behaviour lives
-//! in the runtime.
+//! Depend on `idem-runtime`, which re-exports them (`idem_runtime::idempotent`, ...);
+//! this crate only rewrites the function, all behaviour lives in the runtime.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod attr;
 mod expand;
 mod key;
+mod retry;
+mod transition;
 
 use proc_macro::TokenStream;
 
@@ -65,4 +67,202 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
+}
+
+/// Re-runs an `async fn` whose body lost an optimistic race: while it returns an `Err`
+/// whose `is_conflict()` is true, the whole body runs again, at most `attempts` times in
+/// all, with jittered backoff between runs. The attribute form of
+/// `idem_runtime::retry_on_conflict(&Retry, || async { ... })`.
+///
+/// ```
+/// use idem_runtime::{Error, Idem, IsConflict, Optimistic, retry_on_conflict};
+///
+/// #[derive(Debug)]
+/// enum BankError { Idem(Error), Overdrawn }
+/// impl From<Error> for BankError {
+///     fn from(e: Error) -> Self { BankError::Idem(e) }
+/// }
+/// impl IsConflict for BankError {
+///     fn is_conflict(&self) -> bool { matches!(self, BankError::Idem(e) if e.is_conflict()) }
+/// }
+///
+/// static BALANCE: Optimistic = Optimistic::new("bank::balance");
+///
+/// // Read, compute, compare-and-set; a lost race re-runs all three.
+/// #[retry_on_conflict(attempts = 50, backoff = "1ms", max_backoff = "50ms")]
+/// async fn deposit(idem: &Idem, account: &str, cents: i64) -> Result<i64, BankError> {
+///     let current = idem.load::<i64>(&BALANCE, account).await?;
+///     let (balance, version) = current.map_or((0, 0), |v| (v.value, v.version));
+///     if balance + cents < 0 {
+///         return Err(BankError::Overdrawn); // not a conflict: returned at once
+///     }
+///     idem.compare_and_set(&BALANCE, account, version, balance + cents).await?;
+///     Ok(balance + cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BankError> {
+/// let idem = Idem::builder().namespace("bank").build();
+/// let (a, b) = tokio::join!(deposit(&idem, "acct-7", 100), deposit(&idem, "acct-7", 50));
+/// let (a, b) = (a?, b?);
+/// assert!(a == 100 && b == 150 || b == 50 && a == 150); // both landed, one after the other
+/// assert!(matches!(deposit(&idem, "acct-7", -1000).await, Err(BankError::Overdrawn)));
+/// # Ok(()) }
+/// ```
+///
+/// The same name is also the runtime function (`use idem_runtime::retry_on_conflict;`
+/// imports both: attributes and functions live in separate namespaces), so the closure
+/// form keeps working next to the attribute.
+///
+/// The function must be an `async fn` (free, or a method taking `self` in any form)
+/// returning `Result<T, E>` with `E: idem_runtime::IsConflict`; the signature and the call
+/// sites do not change.
+///
+/// # Options
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `attempts = 50` | runs in all, the first included; at least 1 | `10` |
+/// | `backoff = "1ms"` | base of the backoff: retry n sleeps a random time up to `min(max_backoff, backoff · 2ⁿ)` | `"2ms"` |
+/// | `max_backoff = "50ms"` | cap of one sleep; at least `backoff` | `"100ms"` (or `backoff` if larger) |
+/// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
+///
+/// The defaults are `idem_runtime::Retry::DEFAULT`. When every run loses, the last
+/// conflict is returned.
+///
+/// # The body runs again
+///
+/// Each run starts the body afresh, so it must redo the whole read-compute-write (load
+/// the value again, then write with the version just read), and it must not consume its
+/// arguments: it borrows them, once per run. A body that moves an argument out (passes a
+/// `String` argument by value, moves it into a spawned task) is refused by the compiler
+/// with "cannot move out of ..., a captured variable in an `FnMut` closure": the closure
+/// is this attribute ("captured by this `FnMut` closure"), and the move is labelled in the
+/// body ("variable moved due to use in coroutine"). Borrow the argument there, or clone
+/// it.
+///
+/// # With `#[idempotent]` or `#[transition]`
+///
+/// Write `#[retry_on_conflict]` **above** the other attribute: the retries then run inside
+/// its claim (or held move), and the result is recorded once.
+///
+/// ```
+/// # use idem_runtime::{Error, Idem, Optimistic, idempotent, retry_on_conflict};
+/// # static POINTS: Optimistic = Optimistic::new("loyalty::points");
+/// // Credits an order's points exactly once, racing other writers of the same balance.
+/// #[retry_on_conflict(attempts = 20)]
+/// #[idempotent(key = "points-for:{order_id}")]
+/// async fn credit_points(idem: &Idem, customer: &str, order_id: u64) -> Result<u64, Error> {
+///     let current = idem.load::<u64>(&POINTS, customer).await?;
+///     let (points, version) = current.map_or((0, 0), |v| (v.value, v.version));
+///     idem.compare_and_set(&POINTS, customer, version, points + 10).await?;
+///     Ok(points + 10)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// # let idem = Idem::builder().build();
+/// # assert_eq!(idem.scope(credit_points(&idem, "alice", 1)).await?, 10);
+/// # assert_eq!(idem.scope(credit_points(&idem, "alice", 1)).await?, 10); // replayed
+/// # assert_eq!(idem.scope(credit_points(&idem, "alice", 2)).await?, 20);
+/// # Ok(()) }
+/// ```
+///
+/// Written below one of them it is a compile error (attributes expand from the top down,
+/// and below, every retry would claim the key again). It is also an error given twice.
+///
+/// Misuse is a compile error at the offending token: a non-async function, a return type
+/// that is not a `Result`, an error type without `IsConflict`, an unknown option, an option
+/// given twice, `attempts = 0`, a malformed duration, `max_backoff` below `backoff`.
+#[proc_macro_attribute]
+pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
+    retry::retry_on_conflict(args.into(), item.into()).into()
+}
+
+/// Runs an `async fn` as a state-machine move: the key moves to `to` and the body runs
+/// only for the caller that performs the move. The attribute form of
+/// `Idem::transition_with(&machine, key, to, body)`, on the current runtime (like
+/// `#[idempotent]`).
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use idem_runtime::{Error, Idem, StateMachine, Step, transition};
+///
+/// static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
+///     StateMachine::builder("shop::order")
+///         .states(["created", "paid", "shipped", "cancelled"])
+///         .initial("created")
+///         .allow("created", ["paid", "cancelled"])
+///         .allow("paid", ["shipped", "cancelled"])
+///         .terminal(["shipped", "cancelled"])
+///         .build()
+///         .expect("a valid table")
+/// });
+///
+/// #[derive(Debug, PartialEq)]
+/// struct Parcel(u64);
+///
+/// // The function returns `Result<Step<T>, E>`; the body yields `Result<T, E>`.
+/// #[transition(machine = ORDER, key = "{order_id}", to = "shipped")]
+/// async fn ship(order_id: u64) -> Result<Step<Parcel>, Error> {
+///     // call the carrier: runs once per order, for the caller that ships it
+///     Ok(Parcel(order_id * 10))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let idem = Idem::builder().namespace("shop").build();
+/// idem.scope(async {
+///     idem.transition(&ORDER, 42, "created").await?;
+///     idem.transition(&ORDER, 42, "paid").await?;
+///     let first = ship(42).await?;
+///     let again = ship(42).await?; // a redelivered event
+///     assert_eq!(first, Step::Performed { from: Some("paid".into()), value: Parcel(420) });
+///     assert_eq!(again, Step::AlreadyThere); // shipped once
+///
+///     idem.transition(&ORDER, 7, "created").await?;
+///     let early = ship(7).await; // not paid: refused, the body did not run
+///     assert!(matches!(early, Err(Error::InvalidTransition { from: Some(ref s), .. }) if s == "created"));
+///     Ok(())
+/// })
+/// .await
+/// # }
+/// ```
+///
+/// The function must be an `async fn` (free, or a method taking `self` in any form)
+/// returning `Result<Step<T>, E>` (`Result<Step, E>` for `T = ()`) with
+/// `E: From<idem_runtime::Error>`. The body is written as returning `Result<T, E>`:
+/// `Ok(value)`, `?` and early `return` work as usual. Callers get:
+///
+/// - `Ok(Step::Performed { from, value })`: this call moved the key from `from` to `to`
+///   and its body returned `Ok(value)`;
+/// - `Ok(Step::AlreadyThere)`: the key already was at `to`; the body did not run;
+/// - `Err(Error::InvalidTransition { from, to }.into())`: the table does not allow the
+///   move from the current state; the body did not run;
+/// - the body's own `Err`: the move is dropped, the key stays where it was, and a retry
+///   can perform it.
+///
+/// While one caller's body runs, the move is held on the key: other callers (of this
+/// function or any other move on the key) wait, up to the machine's `wait`, for it to
+/// settle, then see `AlreadyThere` (or perform the move themselves if the body failed),
+/// or `Error::InProgress` if it did not settle in time.
+///
+/// # Options
+///
+/// | option | meaning |
+/// |---|---|
+/// | `machine = PATH` | required. A `static` `StateMachine`, or a static that derefs to one (`LazyLock<StateMachine>`) |
+/// | `key = "tmpl"` | required. Which record moves; the template of `#[idempotent]`: `{arg}` and `{arg.field.field}` render that value with `Display`, `{{`/`}}` are literal braces |
+/// | `to = "state"` | required. The state the move enters; a state the machine does not declare is `Error::Config` at run time |
+/// | `crate = "path"` | where the runtime is, for a renamed dependency (default `::idem_runtime`) |
+///
+/// The lease of a held move, how long others wait for it and the record's ttl belong to
+/// the machine (`StateMachine::builder(..).lease(..).wait(..).ttl(..)`), not to a move.
+///
+/// Misuse is a compile error at the offending token: a non-async function, a missing,
+/// unknown or repeated option, a `machine` that is not a path to a `StateMachine`, a `to`
+/// that is not a string, a key placeholder that names no parameter, a return type that is
+/// not `Result<Step<T>, E>`, an error type without `From<idem_runtime::Error>`.
+#[proc_macro_attribute]
+pub fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
+    transition::transition(args.into(), item.into()).into()
 }

@@ -29,7 +29,10 @@
 //!
 //! # Pieces
 //!
-//! - [`idempotent`]: the attribute.
+//! - [`idempotent`]: the attribute. Two siblings tie toolbox pieces to a function:
+//!   [`macro@retry_on_conflict`] re-runs a body that lost an optimistic race (the
+//!   [`fn@retry_on_conflict`] helper, as an attribute), and [`transition`] runs a body as
+//!   a state-machine move ([`Idem::transition_with`], as an attribute).
 //! - [`Idem`]: the runtime (a [`Store`] and a namespace), with a direct API for each
 //!   strategy: [`Idem::dedup`], [`Idem::lock`], [`Idem::issue_token`],
 //!   [`Idem::consume_token`].
@@ -52,7 +55,7 @@ pub mod testing;
 
 pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
-pub use idem_macros::idempotent;
+pub use idem_macros::{idempotent, retry_on_conflict, transition};
 pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
@@ -79,8 +82,8 @@ pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
-/// What the `#[idempotent]` expansion refers to. Not a public API: it may change in any
-/// release.
+/// What the expansions of `#[idempotent]`, `#[retry_on_conflict]` and `#[transition]`
+/// refer to. Not a public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::codec::{
@@ -95,6 +98,10 @@ pub mod __private {
         Current::get()
     }
     pub use crate::runtime::private::{dedup, lock, replay_now, token};
+    pub use crate::strategy::optimistic::{
+        Retry, attribute_policy as retry_policy, retry_on_conflict,
+    };
+    pub use crate::strategy::state_machine::{StateMachine, attribute_move as transition};
     pub use std::time::Duration;
 
     /// Compile-time check that a replayed `Ok` type can be stored.

@@ -82,6 +82,39 @@ impl Retry {
     }
 }
 
+/// The policy of `#[retry_on_conflict(...)]`: each option left out keeps its value from
+/// [`Retry::DEFAULT`], except that a `backoff` above the default cap raises the cap to it
+/// and a `max_backoff` below the default base lowers the base to it (the macro refuses
+/// both given the wrong way round).
+#[doc(hidden)]
+pub const fn attribute_policy(
+    attempts: Option<u32>,
+    base: Option<Duration>,
+    max: Option<Duration>,
+) -> Retry {
+    let mut retry = match attempts {
+        Some(attempts) => Retry::new(attempts),
+        None => Retry::DEFAULT,
+    };
+    match (base, max) {
+        (Some(base), Some(max)) => retry = retry.backoff(base, max),
+        (Some(base), None) => {
+            retry.base = base;
+            if base.as_nanos() > retry.max.as_nanos() {
+                retry.max = base;
+            }
+        }
+        (None, Some(max)) => {
+            retry.max = max;
+            if max.as_nanos() < retry.base.as_nanos() {
+                retry.base = max;
+            }
+        }
+        (None, None) => {}
+    }
+    retry
+}
+
 fn random_u64() -> u64 {
     // Jitter needs spread, not secrecy: without an OS RNG, mix the clock and a counter.
     getrandom::u64().unwrap_or_else(|_| {
@@ -110,6 +143,12 @@ fn random_u64() -> u64 {
 /// }
 /// assert!(!ShopError::SoldOut.is_conflict());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot tell a lost optimistic race from other errors",
+    label = "retrying on conflict needs `{Self}: idem_runtime::IsConflict`",
+    note = "implement `idem_runtime::IsConflict` for `{Self}`: `is_conflict` is true for the \
+            variant that carries `idem_runtime::Error::Conflict` (see `Error::is_conflict`)"
+)]
 pub trait IsConflict {
     /// True if the operation lost a compare-and-set race.
     fn is_conflict(&self) -> bool;
@@ -437,6 +476,35 @@ fn encode<T: Serialize + DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attribute_policies_fill_in_the_defaults() {
+        let ms = Duration::from_millis;
+        assert_eq!(attribute_policy(None, None, None), Retry::DEFAULT);
+        assert_eq!(attribute_policy(Some(50), None, None), Retry::new(50));
+        assert_eq!(
+            attribute_policy(Some(50), Some(ms(1)), Some(ms(50))),
+            Retry::new(50).backoff(ms(1), ms(50))
+        );
+        // One bound given: the other keeps its default unless that would invert them.
+        assert_eq!(
+            attribute_policy(None, Some(ms(5)), None),
+            Retry::DEFAULT.backoff(ms(5), ms(100))
+        );
+        assert_eq!(
+            attribute_policy(None, Some(ms(500)), None),
+            Retry::DEFAULT.backoff(ms(500), ms(500))
+        );
+        assert_eq!(
+            attribute_policy(None, None, Some(ms(1))),
+            Retry::DEFAULT.backoff(ms(1), ms(1))
+        );
+        assert_eq!(
+            attribute_policy(Some(0), None, None).attempts(),
+            1,
+            "the macro refuses 0; the policy still runs once"
+        );
+    }
 
     #[test]
     fn delay_is_capped_and_grows() {

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, poll_fn};
+use std::ops::Deref;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
+use crate::runtime::Current;
 use crate::store::{BoxFuture, Owner, Settle, Store, TransitionOutcome, TransitionRequest};
 use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
 
@@ -421,10 +423,30 @@ impl Idem {
     }
 }
 
-/// The state-machine move as the `#[idempotent]` expansion would call it: `key` already
-/// rendered under the machine's name.
+/// `#[transition(...)]`'s entry point: the move and its body on the current runtime, `key`
+/// already rendered with [`Idem::state_key`]. Returns the move's future itself, so the
+/// expansion awaits one future, not a wrapper around it.
+#[doc(hidden)]
+pub fn attribute_move<'a, T, E, F>(
+    rt: Current,
+    machine: &'a StateMachine,
+    key: Key,
+    to: &'static str,
+    body: F,
+) -> impl Future<Output = Result<Step<T>, E>> + 'a
+where
+    E: From<Error> + 'a,
+    F: Future<Output = Result<T, E>> + 'a,
+    T: 'a,
+{
+    run_move(rt, machine, key, to, body)
+}
+
+/// The state-machine move with a body: `key` already rendered under the machine's name.
+/// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that entry
+/// points can return this future directly.
 pub(crate) async fn run_move<T, E, F>(
-    idem: &Idem,
+    idem: impl Deref<Target = Idem>,
     machine: &StateMachine,
     key: Key,
     to: &str,

@@ -1,0 +1,23 @@
+use idem_runtime::{Error, IsConflict, retry_on_conflict};
+
+#[derive(Debug)]
+struct AppError(Error);
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError(e)
+    }
+}
+
+impl IsConflict for AppError {
+    fn is_conflict(&self) -> bool {
+        self.0.is_conflict()
+    }
+}
+
+#[retry_on_conflict(attempts = 5, max_retries = 3, backof = "1ms")]
+async fn add(n: u64) -> Result<u64, AppError> {
+    Ok(n + 1)
+}
+
+fn main() {}

@@ -1,0 +1,29 @@
+use std::sync::LazyLock;
+
+use idem_runtime::{Error, StateMachine, Step, transition};
+
+static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
+    StateMachine::builder("shop::order")
+        .states(["paid", "shipped"])
+        .initial("paid")
+        .allow("paid", ["shipped"])
+        .build()
+        .expect("valid")
+});
+
+#[transition(machine = ORDER, key = "order:{order.id}", to = "shipped")]
+async fn ship(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+#[transition(machine = ORDER, key = "order:{id", to = "shipped")]
+async fn ship_unclosed(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+#[transition(machine = ORDER, key = "{self.id}", to = "shipped")]
+async fn ship_self(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+fn main() {}

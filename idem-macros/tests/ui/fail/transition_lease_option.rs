@@ -1,0 +1,20 @@
+use std::sync::LazyLock;
+
+use idem_runtime::{Error, StateMachine, Step, transition};
+
+static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
+    StateMachine::builder("shop::order")
+        .states(["paid", "shipped"])
+        .initial("paid")
+        .allow("paid", ["shipped"])
+        .build()
+        .expect("valid")
+});
+
+// The lease and the wait belong to the machine, not to one move.
+#[transition(machine = ORDER, key = "{id}", to = "shipped", lease = "30s", wait = "0s")]
+async fn ship(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+fn main() {}

@@ -1,0 +1,24 @@
+use std::sync::LazyLock;
+
+use idem_runtime::{Error, StateMachine, Step, transition};
+
+static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
+    StateMachine::builder("shop::order")
+        .states(["paid", "shipped"])
+        .initial("paid")
+        .allow("paid", ["shipped"])
+        .build()
+        .expect("valid")
+});
+
+#[transition(machine = "ORDER", key = "{id}", to = "shipped")]
+async fn ship(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+#[transition(machine = 42, key = "{id}", to = "shipped")]
+async fn ship_number(id: u64) -> Result<Step<u64>, Error> {
+    Ok(id)
+}
+
+fn main() {}
