@@ -303,7 +303,8 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
         None => {}
     }
 
-    let rendered_key = config.key.render();
+    let writer = format_ident!("__idem_w");
+    let key_parts = config.key.render_parts(&writer, &private);
     let import = quote_spanned!(*private_span=> use #private_path as #private;);
 
     let fingerprint = if !codec {
@@ -409,7 +410,7 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
             #import
             static #options: #private::Options = #spec;
             let #rt = #private::current();
-            let #key = #rt.key(&#options, #rendered_key);
+            let #key = #rt.key_parts(&#options, |#writer| #key_parts);
             #fingerprint
             #replay_now
             #call

@@ -6,7 +6,7 @@
 //! stable Rust, so the message quotes the offending placeholder instead.
 
 use proc_macro2::TokenStream;
-use quote::{ToTokens, quote};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::{Ident, Index, LitStr, Token};
 
 /// One parsed key template.
@@ -139,6 +139,36 @@ impl Template {
         }
         let fmt = LitStr::new(&fmt, self.lit.span());
         quote!(::core::format_args!(#fmt #(, #args)*))
+    }
+
+    /// Statements writing the key into `w` part by part: literal text as bytes, each
+    /// placeholder through `#private::Part`, which writes integers and strings directly
+    /// and anything else through `Display` (the same bytes `render` gives, without the
+    /// formatting machinery). A part that is not `Display` is reported at the key.
+    pub(crate) fn render_parts(&self, w: &Ident, private: &Ident) -> TokenStream {
+        let span = self.lit.span();
+        let mut out = TokenStream::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(text) => {
+                    let text = LitStr::new(text, span);
+                    out.extend(quote!(#w.text(#text);));
+                }
+                Piece::Field(p) => {
+                    let expr = p.expr();
+                    let put = quote_spanned!(span=> .put(#w, __idem_part));
+                    out.extend(quote! {{
+                        let __idem_part = &(#expr);
+                        (&&#private::Part(__idem_part)).kind() #put;
+                    }});
+                }
+            }
+        }
+        quote! {{
+            #[allow(unused_imports)]
+            use #private::{ViaDisplay as _, ViaFast as _};
+            #out
+        }}
     }
 }
 

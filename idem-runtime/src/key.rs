@@ -199,7 +199,9 @@ fn local_key() -> (u64, u64) {
 /// The local digest of (namespace, scope), which starts every local digest of that
 /// function's keys in place of the names themselves.
 pub(crate) fn local_prefix(namespace: &str, scope: &str) -> [u8; 16] {
-    DigestWriter::framed(Digest::Local, namespace, scope).finish()
+    let mut w = DigestWriter::empty(Digest::Local);
+    w.frame(namespace, scope);
+    w.finish()
 }
 
 impl Key {
@@ -210,12 +212,131 @@ impl Key {
         scope: &'static str,
         key: fmt::Arguments<'_>,
     ) -> Key {
-        let mut w = DigestWriter::after(prefix);
-        let _ = w.write_fmt(key);
+        KeyWriter::key(Digest::Local, Some(prefix), namespace, scope, |w| {
+            let _ = w.0.write_fmt(key);
+        })
+    }
+}
+
+/// What the attribute's expansion writes a rendered key into, part by part (see
+/// [`parts`]). Not a public API.
+#[doc(hidden)]
+pub struct KeyWriter(DigestWriter);
+
+impl KeyWriter {
+    /// Literal text of the template.
+    #[inline]
+    pub fn text(&mut self, text: &str) {
+        self.0.push(text.as_bytes());
+    }
+
+    /// Writes a key with `render`, in place: the writer is a few hundred bytes, and
+    /// moving it around costs as much as the hashing.
+    #[inline]
+    pub(crate) fn key(
+        digest: Digest,
+        prefix: Option<[u8; 16]>,
+        namespace: &'static str,
+        scope: &'static str,
+        render: impl FnOnce(&mut KeyWriter),
+    ) -> Key {
+        let mut w = KeyWriter(DigestWriter::empty(digest));
+        match prefix {
+            Some(prefix) => w.0.push(&prefix),
+            None => w.0.begin(namespace, scope),
+        }
+        render(&mut w);
         Key {
             namespace,
             scope,
-            digest: w.finish(),
+            digest: w.0.finish(),
+        }
+    }
+}
+
+/// How the expansion writes one `{placeholder}` of a key: integers and strings straight
+/// into the digest, anything else through `Display`. Both give the bytes `Display`
+/// gives, so a key's digest does not depend on which path wrote it.
+///
+/// `(&&Part(v)).kind()` is [`Fast`] when `v: FastPart` and [`Slow`] otherwise (method
+/// lookup tries the receiver `&&Part` before dereferencing it to `&Part`); `Slow::put`
+/// asks for `Display`, so a part that has neither is reported as "not `Display`".
+#[doc(hidden)]
+pub(crate) mod parts {
+    use std::fmt::{self, Write as _};
+
+    use super::KeyWriter;
+
+    pub struct Part<'a, T: ?Sized>(pub &'a T);
+    pub struct Fast;
+    pub struct Slow;
+
+    pub trait ViaFast {
+        #[inline]
+        fn kind(&self) -> Fast {
+            Fast
+        }
+    }
+    impl<T: FastPart + ?Sized> ViaFast for &Part<'_, T> {}
+
+    pub trait ViaDisplay {
+        #[inline]
+        fn kind(&self) -> Slow {
+            Slow
+        }
+    }
+    impl<T: ?Sized> ViaDisplay for Part<'_, T> {}
+
+    impl Fast {
+        #[inline]
+        pub fn put<T: FastPart + ?Sized>(self, w: &mut KeyWriter, v: &T) {
+            v.put(w);
+        }
+    }
+
+    impl Slow {
+        #[inline]
+        pub fn put<T: fmt::Display + ?Sized>(self, w: &mut KeyWriter, v: &T) {
+            // Writing into the digest cannot fail (see `Key::new`).
+            let _ = write!(w.0, "{v}");
+        }
+    }
+
+    /// Types whose `Display` is written without the formatting machinery.
+    pub trait FastPart {
+        fn put(&self, w: &mut KeyWriter);
+    }
+
+    macro_rules! integers {
+        ($($t:ty)*) => {$(
+            impl FastPart for $t {
+                #[inline]
+                fn put(&self, w: &mut KeyWriter) {
+                    w.text(itoa::Buffer::new().format(*self));
+                }
+            }
+        )*};
+    }
+    integers!(u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize);
+
+    impl FastPart for str {
+        #[inline]
+        fn put(&self, w: &mut KeyWriter) {
+            w.text(self);
+        }
+    }
+
+    impl FastPart for String {
+        #[inline]
+        fn put(&self, w: &mut KeyWriter) {
+            w.text(self);
+        }
+    }
+
+    impl<T: FastPart + ?Sized> FastPart for &T {
+        #[inline]
+        fn put(&self, w: &mut KeyWriter) {
+            (**self).put(w);
         }
     }
 }
@@ -237,40 +358,39 @@ enum Spill {
 }
 
 impl DigestWriter {
-    fn new(digest: Digest, namespace: &'static str, scope: &'static str) -> Self {
-        match digest {
-            Digest::Portable => DigestWriter::framed(digest, namespace, scope),
-            Digest::Local => DigestWriter::after(local_prefix(namespace, scope)),
-        }
-    }
-
-    /// A writer that starts with the framing of namespace and scope.
-    fn framed(digest: Digest, namespace: &str, scope: &str) -> Self {
-        let mut w = DigestWriter {
+    #[inline]
+    fn empty(digest: Digest) -> Self {
+        DigestWriter {
             buf: [0; INLINE],
             len: 0,
             digest,
             spill: None,
-        };
-        // Length prefixes keep ("a:b", "c") and ("a", "b:c") apart.
-        w.push(&(namespace.len() as u64).to_le_bytes());
-        w.push(namespace.as_bytes());
-        w.push(&(scope.len() as u64).to_le_bytes());
-        w.push(scope.as_bytes());
+        }
+    }
+
+    #[inline]
+    fn new(digest: Digest, namespace: &'static str, scope: &'static str) -> Self {
+        let mut w = DigestWriter::empty(digest);
+        w.begin(namespace, scope);
         w
     }
 
-    /// A local-digest writer that starts with the (namespace, scope) prefix digest:
-    /// fixed-size, so what follows cannot shift into it.
-    pub(crate) fn after(prefix: [u8; 16]) -> Self {
-        let mut buf = [0; INLINE];
-        buf[..16].copy_from_slice(&prefix);
-        DigestWriter {
-            buf,
-            len: 16,
-            digest: Digest::Local,
-            spill: None,
+    /// Starts with what names the function: the framing of namespace and scope for the
+    /// portable digest, the digest of that framing for the local one (fixed-size, so
+    /// what follows cannot shift into it).
+    fn begin(&mut self, namespace: &'static str, scope: &'static str) {
+        match self.digest {
+            Digest::Portable => self.frame(namespace, scope),
+            Digest::Local => self.push(&local_prefix(namespace, scope)),
         }
+    }
+
+    fn frame(&mut self, namespace: &str, scope: &str) {
+        // Length prefixes keep ("a:b", "c") and ("a", "b:c") apart.
+        self.push(&(namespace.len() as u64).to_le_bytes());
+        self.push(namespace.as_bytes());
+        self.push(&(scope.len() as u64).to_le_bytes());
+        self.push(scope.as_bytes());
     }
 
     #[inline]
@@ -308,6 +428,7 @@ impl DigestWriter {
         }
     }
 
+    #[inline]
     fn finish(&self) -> [u8; 16] {
         match (&self.spill, self.digest) {
             (Some(Spill::Portable(h)), _) => truncate(h.finalize()),

@@ -90,6 +90,8 @@ pub mod __private {
         ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
     };
     pub use crate::key::FingerprintBuilder;
+    pub use crate::key::KeyWriter;
+    pub use crate::key::parts::{Part, ViaDisplay, ViaFast};
     pub use crate::options::{OnDuplicate, Options};
     pub use crate::runtime::Current;
 

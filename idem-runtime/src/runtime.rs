@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::codec::{CloneReplay, Codec, ReplayOk};
-use crate::key::Digest;
+use crate::key::{Digest, KeyWriter};
 use crate::options::Strategy;
 use crate::store::memory::MemoryStore;
 use crate::store::{ClaimKind, Store};
@@ -238,6 +238,20 @@ impl Idem {
             Digest::Local => Key::render_local(opts.local_prefix(ns), ns, opts.scope(), key),
             Digest::Portable => Key::render(Digest::Portable, ns, opts.scope(), key),
         }
+    }
+
+    /// The record key of a key template written part by part (the attribute's
+    /// expansion; see [`KeyWriter`]). The same key as [`Idem::key`] with the rendered
+    /// text.
+    #[doc(hidden)]
+    #[inline]
+    pub fn key_parts(&self, opts: &Options, render: impl FnOnce(&mut KeyWriter)) -> Key {
+        let ns = self.inner.namespace;
+        let prefix = match self.inner.digest {
+            Digest::Local => Some(opts.local_prefix(ns)),
+            Digest::Portable => None,
+        };
+        KeyWriter::key(self.inner.digest, prefix, ns, opts.scope(), render)
     }
 
     /// The record key of a token.

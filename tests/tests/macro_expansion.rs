@@ -496,3 +496,129 @@ async fn records_belong_to_the_runtime_in_scope() {
     b.scope(scoped(1)).await.expect("b");
     assert_eq!(SCOPED_RUNS.load(Ordering::SeqCst), 2);
 }
+
+// Replays by clone on the in-process store (`CloneReplay`): the first replay decodes the
+// record and keeps the value; later replays clone it. Callers must not see a difference.
+
+/// A value whose `Clone` is observable, so the tests can tell which path answered.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Counted {
+    order: u64,
+    note: String,
+    #[serde(skip)]
+    clones: u32,
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        Counted {
+            order: self.order,
+            note: self.note.clone(),
+            clones: self.clones + 1,
+        }
+    }
+}
+
+static COUNTED_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = "counted:{order}:{note}", ttl = "200ms", fingerprint = [cents])]
+async fn counted(order: u64, note: &str, cents: u64) -> Result<Counted, AppError> {
+    COUNTED_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(Counted {
+        order,
+        note: format!("{note}/{cents}"),
+        clones: 0,
+    })
+}
+
+#[tokio::test]
+async fn replays_clone_a_decoded_value_and_never_outlive_the_record() {
+    let idem = idem();
+    idem.scope(async {
+        let first = counted(7, "a", 100).await.unwrap();
+        assert_eq!((first.note.as_str(), first.clones), ("a/100", 0));
+        // First replay: decoded from the record (serde skips `clones`, so 0), then kept.
+        let decoded = counted(7, "a", 100).await.unwrap();
+        assert_eq!((decoded.note.as_str(), decoded.clones), ("a/100", 0));
+        // Later replays: clones of the kept decoded value, equal to what decoding gives.
+        for _ in 0..3 {
+            let cloned = counted(7, "a", 100).await.unwrap();
+            assert_eq!((cloned.order, cloned.note.as_str()), (7, "a/100"));
+            // The record keeps a copy of the decoded value; each replay clones that.
+            assert_eq!(cloned.clones, 2, "a clone of the kept copy of the decoded value");
+        }
+        assert_eq!(COUNTED_RUNS.load(Ordering::SeqCst), 1);
+        // The fast path still checks the fingerprint.
+        assert!(matches!(
+            counted(7, "a", 999).await,
+            Err(AppError::Idem(Error::PayloadMismatch { .. }))
+        ));
+        // String and integer key parts render as `Display` does: another note is
+        // another key.
+        assert_eq!(counted(7, "b", 100).await.unwrap().note, "b/100");
+        assert_eq!(COUNTED_RUNS.load(Ordering::SeqCst), 2);
+        // The kept value goes with its record: after the ttl the body runs again and
+        // the new value (not the old clone) is replayed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counted(7, "a", 100).await.unwrap().clones, 0);
+        assert_eq!(COUNTED_RUNS.load(Ordering::SeqCst), 3);
+        assert_eq!(counted(7, "a", 100).await.unwrap().clones, 0);
+        assert_eq!(counted(7, "a", 100).await.unwrap().clones, 2);
+    })
+    .await;
+}
+
+/// A key part through `Display` and one through the fast path give the same record.
+struct Sku(&'static str);
+
+impl std::fmt::Display for Sku {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+static PART_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = "reserve:{sku}:{qty}")]
+async fn reserve_display(sku: Sku, qty: i32) -> Result<u32, AppError> {
+    Ok(PART_RUNS.fetch_add(1, Ordering::SeqCst) as u32)
+}
+
+#[tokio::test]
+async fn key_parts_render_like_display_on_every_path() {
+    use idem_runtime::Options;
+    let idem = idem();
+    let first = idem.scope(reserve_display(Sku("sku-1"), -3)).await.unwrap();
+    // The direct API renders with `format_args!`; under the same options (the
+    // function's scope) it must find the record the attribute wrote.
+    static SAME: Options = Options::dedup(concat!(module_path!(), "::reserve_display"));
+    let direct: Result<u32, Error> = idem
+        .dedup(
+            &SAME,
+            format_args!("reserve:{}:{}", "sku-1", -3i32),
+            async { Ok(99) },
+        )
+        .await;
+    assert_eq!(direct.unwrap(), first);
+    assert_eq!(PART_RUNS.load(Ordering::SeqCst), 1);
+}
+
+/// A type that is not `Clone` replays by decoding, as before.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct NotClone(u64);
+
+#[idempotent(key = "not-clone:{id}")]
+async fn not_clone(id: u64) -> Result<NotClone, AppError> {
+    Ok(NotClone(id * 2))
+}
+
+#[tokio::test]
+async fn values_without_clone_replay_by_decoding() {
+    idem()
+        .scope(async {
+            for _ in 0..3 {
+                assert_eq!(not_clone(21).await.unwrap(), NotClone(42));
+            }
+        })
+        .await;
+}
