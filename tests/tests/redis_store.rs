@@ -38,9 +38,11 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 static DEDUP: Options = Options::dedup("redis_store::dedup");
 static LOCK: Options = Options::lock("redis_store::lock");
 
-/// The issue's round-trip budget, counted by the server itself: a new key is two
-/// scripts (claim, complete), a replay one, a lock acquire and release one each, a token
-/// issue one and its consumption two. An uncontended call publishes nothing.
+/// The issue's round-trip budget, seen by the server itself (`MONITOR`): a new key is a
+/// native `SET NX GET` and a completion script, a replay that one `SET`, a lock acquire
+/// and release one script each, a token issue one `SET` and its consumption two
+/// scripts. Also what runs inside each script, so that work on the server stays small.
+/// An uncontended call publishes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_step() {
     let server = RedisServer::start();
@@ -52,7 +54,9 @@ async fn round_trips_per_step() {
         .dedup(&DEDUP, "warm", async { Ok::<_, Error>(1) })
         .await
         .unwrap();
-    idem.lock(&LOCK, "warm", async { Ok::<_, Error>(()) })
+    // The lock key once already, so its fence counter exists (a new one is seeded
+    // from the clock).
+    idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })
         .await
         .unwrap();
     let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
@@ -60,45 +64,71 @@ async fn round_trips_per_step() {
         .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
         .await
         .unwrap();
+    let monitor = tokio::task::block_in_place(|| harness::Monitor::start(server.port));
+    let mut published = 0;
+    // (round trips, commands run inside scripts) since the last look, ignoring the
+    // pub/sub connection's keep-alive.
+    let mut seen = || {
+        let all = tokio::task::block_in_place(|| monitor.take());
+        published += all.iter().filter(|c| c.name == "publish").count();
+        let pick = |top: bool| -> Vec<String> {
+            all.iter()
+                .filter(|c| c.top == top && c.name != "ping")
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        (pick(true), pick(false))
+    };
 
-    let evals = || server.calls("evalsha") + server.calls("eval");
-    let before = evals();
     let _: u8 = idem
         .dedup(&DEDUP, "k", async { Ok::<_, Error>(1) })
         .await
         .unwrap();
-    assert_eq!(evals() - before, 2, "new key: claim + complete");
+    assert_eq!(
+        seen(),
+        (
+            vec!["set".into(), "evalsha".into()],
+            vec!["get".into(), "set".into()]
+        ),
+        "new key: SET NX GET, then the completion script"
+    );
 
-    let before = evals();
     let v: u8 = idem
         .dedup(&DEDUP, "k", async { Ok::<_, Error>(2) })
         .await
         .unwrap();
     assert_eq!(v, 1);
-    assert_eq!(evals() - before, 1, "replay: one claim");
+    assert_eq!(
+        seen(),
+        (vec!["set".into()], vec![]),
+        "replay: one SET NX GET"
+    );
 
-    let before = evals();
     idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })
         .await
         .unwrap();
-    assert_eq!(evals() - before, 2, "lock: acquire + release");
+    assert_eq!(
+        seen(),
+        (
+            vec!["evalsha".into(), "evalsha".into()],
+            vec!["set".into(), "incr".into(), "get".into(), "del".into()]
+        ),
+        "lock: acquire (SET NX PX, fence) + release"
+    );
 
-    let before = evals();
     let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
-    assert_eq!(evals() - before, 1, "issue");
-    let before = evals();
+    assert_eq!(seen(), (vec!["set".into()], vec![]), "issue: one SET NX PX");
     let _: () = idem
         .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
         .await
         .unwrap();
-    assert_eq!(evals() - before, 2, "consume: claim + complete");
-
-    // Commands run inside scripts count too: none of them published.
+    let (top, _) = seen();
     assert_eq!(
-        server.calls("publish"),
-        0,
-        "uncontended calls publish nothing"
+        top,
+        vec!["evalsha".to_owned(), "evalsha".to_owned()],
+        "consume: claim + complete"
     );
+    assert_eq!(published, 0, "uncontended calls publish nothing");
 }
 
 /// A waiter sets the record's flag, so the completion publishes, and the waiter gets
@@ -149,7 +179,11 @@ async fn waiter_is_woken_and_replays() {
 }
 
 /// Whatever sits under a record's name that is not a record is `Error::Corrupt` on
-/// every primitive: never a panic, never a replay, never a body run.
+/// every primitive: never a panic, never a replay, never a body run. Records are
+/// strings (see the store's docs for the layout); garbage is any other type, an unknown
+/// state byte, or a record cut short or with a field out of place. The in-progress ones
+/// carry the caller's own owner, so that completion, release and renewal read past the
+/// owner check too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_records_are_corrupt() {
     let url = harness::shared_url();
@@ -157,38 +191,79 @@ async fn garbage_records_are_corrupt() {
     let idem = idem_on(store.clone(), "garbage");
     let mut c = raw(url).await;
     let owner = Owner::next();
-    let dedup = ClaimRequest::new(ClaimKind::Dedup, owner, ms(5000));
-    type Fields = Vec<(&'static str, &'static [u8])>;
-    let garbage: Vec<(&str, Fields)> = vec![
-        ("string", vec![]),
-        ("no state", vec![("x", b"1")]),
-        ("unknown state", vec![("s", b"zz")]),
-        ("completed without value", vec![("s", b"c")]),
+    let me = owner.0.to_be_bytes();
+    let with = |head: &[u8], tail: &[u8]| [head, &me[..], tail].concat();
+    enum Junk {
+        Bytes(Vec<u8>),
+        Hash,
+        List,
+    }
+    let garbage: Vec<(&str, Junk)> = vec![
+        ("binary junk", Junk::Bytes(b"\x00\xffgarbage".to_vec())),
+        ("empty string", Junk::Bytes(vec![])),
+        ("unknown state byte", Junk::Bytes(b"zz".to_vec())),
+        ("truncated header", Junk::Bytes(b"p".to_vec())),
         (
-            "bad fingerprint",
-            vec![("s", b"c"), ("v", b"ok"), ("f", b"short")],
+            "in progress, owner cut short",
+            Junk::Bytes(b"p-d\x01\x02".to_vec()),
+        ),
+        (
+            "in progress, bad waited flag",
+            Junk::Bytes(with(b"p?d", b"")),
         ),
         (
             "in progress of no known kind",
-            vec![("s", b"p"), ("o", b"x"), ("k", b"zz")],
+            Junk::Bytes(with(b"p-z", b"")),
+        ),
+        (
+            "in progress, fingerprint cut short",
+            Junk::Bytes(with(b"p-d", b"short")),
         ),
         (
             "token claim without deadlines",
-            vec![("s", b"p"), ("o", b"x"), ("k", b"t")],
+            Junk::Bytes(with(b"p-t", b"")),
         ),
-        ("issued without deadline", vec![("s", b"i")]),
+        (
+            "token claim with garbage deadlines",
+            Junk::Bytes(with(b"p-t", &[b'x'; 30])),
+        ),
+        ("completed, truncated", Junk::Bytes(b"c".to_vec())),
+        ("completed, unknown flag", Junk::Bytes(b"c?value".to_vec())),
+        (
+            "completed, fingerprint cut short",
+            Junk::Bytes(b"cfshort".to_vec()),
+        ),
+        ("issued, truncated", Junk::Bytes(b"i".to_vec())),
+        ("issued, trailing bytes", Junk::Bytes(b"i-x".to_vec())),
+        ("a hash where a string is expected", Junk::Hash),
+        ("a list where a string is expected", Junk::List),
     ];
-    for (i, (what, fields)) in garbage.into_iter().enumerate() {
+    for (i, (what, junk)) in garbage.into_iter().enumerate() {
         let key = idem.key(&DEDUP, format_args!("g{i}"));
         let name = store.record_name(&key);
-        if fields.is_empty() {
-            let _: () = c.set(&name, b"\x00\xffgarbage".as_slice()).await.unwrap();
-        } else {
-            let _: () = c.hset_multiple(&name, &fields).await.unwrap();
+        match &junk {
+            Junk::Bytes(b) => {
+                let _: () = c.set(&name, b.as_slice()).await.unwrap();
+            }
+            Junk::Hash => {
+                let _: () = c
+                    .hset_multiple(&name, &[("s", "c"), ("v", "ok")])
+                    .await
+                    .unwrap();
+            }
+            Junk::List => {
+                let _: () = c.rpush(&name, "c-ok").await.unwrap();
+            }
         }
         let _: () = c.pexpire(&name, 60_000).await.unwrap();
-        let r = store.claim(&key, &dedup).await;
-        assert!(matches!(r, Err(Error::Corrupt { .. })), "{what}: {r:?}");
+        for kind in [ClaimKind::Dedup, ClaimKind::Lock, ClaimKind::Token] {
+            let req = ClaimRequest::new(kind, owner, ms(5000));
+            let r = store.claim(&key, &req).await;
+            assert!(
+                matches!(r, Err(Error::Corrupt { .. })),
+                "{what}, {kind:?} claim: {r:?}"
+            );
+        }
         let runs = AtomicUsize::new(0);
         let r: Result<u8, Error> = idem
             .dedup(&DEDUP, format_args!("g{i}"), async {
@@ -202,25 +277,53 @@ async fn garbage_records_are_corrupt() {
             0,
             "{what}: body ran on garbage"
         );
-    }
-    // The other primitives on a string record.
-    let key = idem.key(&DEDUP, format_args!("s"));
-    let _: () = c.set(store.record_name(&key), "junk").await.unwrap();
-    assert!(matches!(
-        store
+        let r = store
             .complete(&key, owner, Bytes::from_static(b"v"), ms(1000))
-            .await,
-        Err(Error::Corrupt { .. })
-    ));
-    assert!(matches!(
-        store.release(&key, owner).await,
-        Err(Error::Corrupt { .. })
-    ));
-    assert!(matches!(
-        store.renew(&key, owner, ms(1000)).await,
-        Err(Error::Corrupt { .. })
-    ));
-    // A fence counter that is not a number.
+            .await;
+        assert!(
+            matches!(r, Err(Error::Corrupt { .. })),
+            "{what}, complete: {r:?}"
+        );
+        let r = store.release(&key, owner).await;
+        assert!(
+            matches!(r, Err(Error::Corrupt { .. })),
+            "{what}, release: {r:?}"
+        );
+        let r = store.renew(&key, owner, ms(1000)).await;
+        assert!(
+            matches!(r, Err(Error::Corrupt { .. })),
+            "{what}, renew: {r:?}"
+        );
+        // Nothing was overwritten: the garbage is still there for an operator to see.
+        let kind: String = redis::cmd("TYPE")
+            .arg(&name)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let expected = match junk {
+            Junk::Bytes(_) => "string",
+            Junk::Hash => "hash",
+            Junk::List => "list",
+        };
+        assert_eq!(kind, expected, "{what}");
+    }
+    // An issued token that never expires (someone ran PERSIST on it).
+    let key = Key::from_str(
+        &harness::unique("garbage-tok"),
+        idem_runtime::TOKEN_SCOPE,
+        "t",
+    );
+    assert!(store.issue(&key, Duration::from_secs(30)).await.unwrap());
+    let _: () = c.persist(store.record_name(&key)).await.unwrap();
+    let r = store
+        .claim(&key, &ClaimRequest::new(ClaimKind::Token, owner, ms(1000)))
+        .await;
+    assert!(
+        matches!(r, Err(Error::Corrupt { .. })),
+        "persisted token: {r:?}"
+    );
+    let _: () = c.del(store.record_name(&key)).await.unwrap();
+    // A fence counter that is not a number; the failed acquisition leaves no claim.
     let key = idem.key(&LOCK, format_args!("f"));
     let _: () = c
         .set(format!("{}:fence", store.record_name(&key)), "nan")
@@ -231,6 +334,8 @@ async fn garbage_records_are_corrupt() {
         store.claim(&key, &lock).await,
         Err(Error::Corrupt { .. })
     ));
+    let exists: bool = c.exists(store.record_name(&key)).await.unwrap();
+    assert!(!exists, "a failed lock acquisition left its record");
 }
 
 /// A released token claim goes back to `Issued` with the token's remaining ttl; a token
@@ -257,8 +362,12 @@ async fn token_claims_return_to_issued() {
         "a claim keeps the record for its lease: {pttl}"
     );
     assert!(store.release(&key, a.owner).await.unwrap());
-    let state: Option<String> = c.hget(&name, "s").await.unwrap();
-    assert_eq!(state.as_deref(), Some("i"));
+    let state: Option<Vec<u8>> = c.get(&name).await.unwrap();
+    assert_eq!(
+        state.as_deref(),
+        Some(&b"i-"[..]),
+        "back to an issued token"
+    );
     let pttl: i64 = c.pttl(&name).await.unwrap();
     assert!(
         pttl > 0 && pttl <= 30_000,
@@ -326,6 +435,40 @@ async fn fences_survive_a_lost_counter() {
                 .del(format!("{}:fence", store.record_name(&key)))
                 .await
                 .unwrap();
+        }
+    }
+}
+
+/// The fence counter's expiry is set when it starts and never pushed back; after it
+/// expires, a new counter starts from the clock, above every earlier fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_after_the_counter_expires() {
+    let url = harness::shared_url();
+    // The counter lives for a lease plus a second at least.
+    let store = RedisStore::builder().fence_ttl(ms(1)).connect(url).unwrap();
+    let idem = idem_on(store.clone(), "fence-ttl");
+    let key = idem.key(&LOCK, format_args!("f"));
+    let counter = format!("{}:fence", store.record_name(&key));
+    let mut c = raw(url).await;
+    let mut last = 0;
+    for round in 0..3 {
+        let req = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(20));
+        let ClaimOutcome::Claimed { fence } = store.claim(&key, &req).await.unwrap() else {
+            panic!("lock not acquired")
+        };
+        assert!(fence > last, "round {round}: {fence} after {last}");
+        last = fence;
+        let pttl: i64 = c.pttl(&counter).await.unwrap();
+        assert!(
+            pttl > 0 && pttl <= 1020,
+            "round {round}: counter ttl {pttl}"
+        );
+        assert!(store.release(&key, req.owner).await.unwrap());
+        if round == 1 {
+            // Let the counter expire.
+            while c.exists::<_, bool>(&counter).await.unwrap() {
+                tokio::time::sleep(ms(50)).await;
+            }
         }
     }
 }

@@ -242,6 +242,95 @@ impl Drop for RedisServer {
     }
 }
 
+/// Every command a server receives, as `MONITOR` reports it, read on a thread: what
+/// clients sent (one per round trip) and what scripts ran inside (marked `lua`).
+pub struct Monitor {
+    port: u16,
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
+    stream: TcpStream,
+    seq: AtomicU64,
+}
+
+/// One command seen by a [`Monitor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Sent by a client (a round trip), not run by a script.
+    pub top: bool,
+    /// The command's name, lowercase.
+    pub name: String,
+}
+
+impl Monitor {
+    pub fn start(port: u16) -> Monitor {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let reader = stream.try_clone().unwrap();
+        let lines: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut r = std::io::BufReader::new(reader);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => sink.lock().unwrap().push(line.trim_end().to_owned()),
+                }
+            }
+        });
+        let m = Monitor {
+            port,
+            lines,
+            stream,
+            seq: AtomicU64::new(0),
+        };
+        m.take();
+        m
+    }
+
+    /// Everything seen since the last call. Waits for a marker sent after the caller's
+    /// commands, so nothing the caller already sent is missed.
+    pub fn take(&self) -> Vec<Seen> {
+        let marker = format!(
+            "idem-monitor-marker-{}",
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        );
+        cli(self.port, &["ECHO", &marker]);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            {
+                let mut lines = self.lines.lock().unwrap();
+                if let Some(at) = lines.iter().position(|l| l.contains(&marker)) {
+                    let taken: Vec<String> = lines.drain(..=at).collect();
+                    return taken[..taken.len() - 1]
+                        .iter()
+                        .filter_map(|l| parse_monitor_line(l))
+                        .collect();
+                }
+            }
+            assert!(Instant::now() < until, "MONITOR never showed the marker");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// `1700000000.123456 [0 127.0.0.1:5555] "SET" "k" …` (a client) or `[0 lua] "get" …`.
+fn parse_monitor_line(l: &str) -> Option<Seen> {
+    let open = l.find('[')?;
+    let close = open + l[open..].find(']')?;
+    let top = !l[open..close].ends_with("lua");
+    let rest = l[close + 1..].trim_start().strip_prefix('"')?;
+    let name = rest[..rest.find('"')?].to_ascii_lowercase();
+    Some(Seen { top, name })
+}
+
 /// A 3-master Redis Cluster of private servers.
 pub struct Cluster {
     pub nodes: Vec<RedisServer>,

@@ -1,145 +1,149 @@
--- Claims a record: the one script behind every `Store::claim` (one round trip).
+-- Claims a record when the caller's native command could not: the script behind a lock
+-- acquisition, a token claim, and a dedup claim that found something other than nothing
+-- or a completed record (one round trip). Records are strings; see mod.rs for the layout.
 --
--- KEYS[1]  the record (a hash), KEYS[2] its lock fence counter (same hash tag, one slot)
--- ARGV[1]  claim kind: 'd' dedup, 'l' lock, 't' token
--- ARGV[2]  owner, 32 hex digits
--- ARGV[3]  lease in ms (>= 1)
--- ARGV[4]  fingerprint (16 raw bytes) or '' for none
--- ARGV[5]  ttl of the fence counter in ms
--- ARGV[6]  notification channel
+-- KEYS[1]  the record; KEYS[2], for a lock only, its fence counter (same hash tag, one slot)
+-- ARGV[1]  the in-progress record to write: 'p' '-' kind owner(16) [fingerprint(16)],
+--          kind 'd' dedup, 'l' lock or 't' token; a token claim gets its two deadlines
+--          appended here
+-- ARGV[2]  lease in ms (>= 1)
+-- ARGV[3]  a lock: ttl of a new fence counter in ms; else the notification channel
 --
--- Record fields: s state ('p' in progress, 'c' completed, 'i' issued token), k kind of the
--- in-progress claim, o owner, f fingerprint, v completed value, w '1' once somebody
--- waited on it; for tokens only, t the token's deadline and l the claim's lease deadline
--- (ms, Redis clock). A dedup or lock claim needs no deadline in the record: its key's
--- own PEXPIRE is the lease, so while the key exists the lease is live.
---
--- Replies: {1, fence} claimed | {2, retry_ms, fingerprint} busy |
---          {3, value, fingerprint} completed | {4} missing token | {0, reason} corrupt.
-if redis.replicate_commands then redis.replicate_commands() end
+-- Replies: fence (an integer: claimed; 0 but for a lock) | {2, retry_ms, fingerprint} busy
+--          | {3, record} completed (the caller parses the record) | {4} missing token
+--          | {0, reason} corrupt.
+local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
+local kind = string.sub(claim, 3, 3)
 
-local rec = KEYS[1]
-local kind, owner, lease, fp = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local r = redis.pcall('HMGET', rec, 's', 'o', 'l', 't', 'f', 'v', 'k', 'w')
-if type(r) == 'table' and r['err'] then
-  return {0, 'not an idem record (' .. r['err'] .. ')'}
-end
-local s, o, l, t, f, v, k, w = r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
-
-if f and #f ~= 16 then
-  return {0, 'fingerprint has ' .. #f .. ' bytes, expected 16'}
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The Redis clock, read only on the paths that need it (tokens, a new fence counter).
-local tm, now
-local function clock()
-  if not now then
-    tm = redis.call('TIME')
-    now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+-- Strictly increasing per key even after the counter expires: a new counter starts at
+-- the Redis clock in microseconds, above anything an INCR could have reached (at most
+-- one per microsecond since the old one started). So the counter's expiry is set when
+-- it starts and never pushed back: it only bounds memory, and the common path is one
+-- INCR.
+local function fence()
+  local c = redis.pcall('INCR', KEYS[2])
+  if type(c) ~= 'number' then
+    return nil
   end
-  return now
-end
--- Numbers go to Redis as integers, never in exponent notation.
-local function int(x) return string.format('%.0f', x) end
-
-local function fresh(stale)
-  if stale then
-    redis.call('DEL', rec)
+  if c == 1 then
+    local t = redis.call('TIME')
+    local seed = t[1] .. string.sub('000000' .. t[2], -6)
+    redis.call('SET', KEYS[2], seed, 'PX', ARGV[3])
+    return tonumber(seed)
   end
+  return c
+end
+
+if kind == 'l' then
+  -- The common case in one command: the key is free.
+  if redis.call('SET', rec, claim, 'NX', 'PX', lease) then
+    local f = fence()
+    if not f then
+      redis.call('DEL', rec)
+      return {0, 'fence counter is not an integer'}
+    end
+    return f
+  end
+end
+
+local v = redis.pcall('GET', rec)
+if type(v) == 'table' then
+  return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
+end
+if not v then
   if kind == 't' then
     return {4}
   end
-  local fence = 0
-  if kind == 'l' then
-    -- Strictly increasing per key even after the counter expires: a new counter starts
-    -- at the Redis clock in microseconds, above anything an INCR could have reached.
-    local c = redis.pcall('INCR', KEYS[2])
-    if type(c) == 'table' and c['err'] then
-      return {0, 'fence counter is not an integer'}
-    end
-    if c == 1 then
-      clock()
-      local seed = tm[1] .. string.sub('000000' .. tm[2], -6)
-      redis.call('SET', KEYS[2], seed)
-      fence = tonumber(seed)
-    else
-      fence = c
-    end
-    redis.call('PEXPIRE', KEYS[2], ARGV[5])
-  end
-  if fp ~= '' then
-    redis.call('HSET', rec, 's', 'p', 'k', kind, 'o', owner, 'f', fp)
-  else
-    redis.call('HSET', rec, 's', 'p', 'k', kind, 'o', owner)
-  end
-  redis.call('PEXPIRE', rec, lease)
-  return {1, fence}
+  -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
+  -- its SET NX just failed, so the key exists).
+  redis.call('SET', rec, claim, 'PX', lease)
+  return 0
 end
 
-local function take_token(texp)
-  local deadline = clock() + lease
-  redis.call('HSET', rec, 's', 'p', 'k', 't', 'o', owner, 'l', int(deadline))
-  if fp ~= '' then
-    redis.call('HSET', rec, 'f', fp)
-  elseif f then
-    redis.call('HDEL', rec, 'f')
+-- Marks the record as waited on (keeping its expiry), so whoever ends it publishes.
+local function busy(w, left, fp)
+  if w ~= 'w' then
+    redis.call('SETRANGE', rec, 1, 'w')
   end
-  redis.call('PEXPIREAT', rec, int(math.max(texp, deadline)))
-  if w then
-    redis.call('HDEL', rec, 'w')
-    redis.call('PUBLISH', ARGV[6], rec)
-  end
-  return {1, 0}
+  return {2, math.max(left, 0), fp}
 end
 
-local function busy(left)
-  if not w then
-    redis.call('HSET', rec, 'w', '1')
+local function take_token(w, te, now)
+  local ld = now + tonumber(lease)
+  redis.call('SET', rec, claim .. string.format('%015.0f%015.0f', ld, te),
+    'PXAT', string.format('%.0f', math.max(ld, te)))
+  if w == 'w' then
+    redis.call('PUBLISH', ARGV[3], rec)
   end
-  return {2, math.max(left, 0), f}
+  return 0
 end
 
-if not s then
-  if redis.call('EXISTS', rec) == 1 then
-    return {0, 'record has no state'}
+-- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
+local function digits(x)
+  if not string.find(x, '%D') then
+    return tonumber(x)
   end
-  return fresh(false)
+end
+
+local s, w, k, n = string.sub(v, 1, 1), string.sub(v, 2, 2), string.sub(v, 3, 3), #v
+if s == 'c' then
+  -- The caller parses (and checks) a completed record, as after its own SET NX GET.
+  return {3, v}
 elseif s == 'p' then
-  if not o or (k ~= 'd' and k ~= 'l' and k ~= 't') then
+  if w ~= '-' and w ~= 'w' then
     return {0, 'malformed in-progress record'}
   end
-  if k ~= 't' then
+  if k == 'd' or k == 'l' then
+    if n ~= 19 and n ~= 35 then
+      return {0, 'malformed in-progress record'}
+    end
     -- The key's expiry is the lease: it exists, so the lease is live.
-    return busy(redis.call('PTTL', rec))
+    local fp
+    if n == 35 then
+      fp = string.sub(v, 20, 35)
+    end
+    return busy(w, redis.call('PTTL', rec), fp)
+  elseif k == 't' then
+    if n ~= 49 and n ~= 65 then
+      return {0, 'malformed in-progress record'}
+    end
+    local ld, te = digits(string.sub(v, n - 29, n - 15)), digits(string.sub(v, n - 14))
+    if not ld or not te then
+      return {0, 'token claim without its deadlines'}
+    end
+    local fp
+    if n == 65 then
+      fp = string.sub(v, 20, 35)
+    end
+    local now = now_ms()
+    if ld > now or kind ~= 't' then
+      return busy(w, ld - now, fp)
+    end
+    if te <= now then
+      redis.call('DEL', rec)
+      return {4}
+    end
+    return take_token(w, te, now)
   end
-  local ld, te = tonumber(l), tonumber(t)
-  if not ld or not te then
-    return {0, 'token claim without its deadlines'}
-  end
-  local left = ld - clock()
-  if left > 0 or kind ~= 't' then
-    return busy(left)
-  end
-  if te <= now then
-    return fresh(true)
-  end
-  return take_token(te)
+  return {0, 'malformed in-progress record'}
 elseif s == 'i' then
-  local te = tonumber(t)
-  if not te then
-    return {0, 'issued token without a deadline'}
+  if n ~= 2 or (w ~= '-' and w ~= 'w') then
+    return {0, 'malformed issued token'}
   end
-  if te <= clock() then
-    return fresh(true)
+  -- The token's deadline is the key's own expiry.
+  local left = redis.call('PTTL', rec)
+  if left < 0 then
+    return {0, 'issued token without an expiry'}
   end
   if kind ~= 't' then
-    return busy(te - now)
+    return busy(w, left, nil)
   end
-  return take_token(te)
-elseif s == 'c' then
-  if not v then
-    return {0, 'completed record without a value'}
-  end
-  return {3, v, f}
+  local now = now_ms()
+  return take_token(w, now + left, now)
 end
 return {0, 'unknown record state'}

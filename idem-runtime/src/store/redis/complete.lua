@@ -1,38 +1,69 @@
 -- Completes a claim if `owner` still holds it with a live lease (one round trip).
 --
--- KEYS[1] record; ARGV[1] owner; ARGV[2] value; ARGV[3] ttl in ms (>= 1); ARGV[4] channel.
--- Replies 1 (completed), 0 (not the holder), or {0, reason} (corrupt).
-if redis.replicate_commands then redis.replicate_commands() end
-
+-- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] value; ARGV[3] ttl in ms (>= 1);
+-- ARGV[4] channel. Replies 1 (completed), 0 (not the holder), or {0, reason} (corrupt).
 local rec = KEYS[1]
-local r = redis.pcall('HMGET', rec, 's', 'o', 'k', 'w', 'f', 'l')
-if type(r) == 'table' and r['err'] then
-  return {0, 'not an idem record (' .. r['err'] .. ')'}
+-- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
+local function digits(x)
+  if not string.find(x, '%D') then
+    return tonumber(x)
+  end
 end
-if r[1] ~= 'p' or r[2] ~= ARGV[1] then
+local v = redis.pcall('GET', rec)
+if type(v) == 'table' then
+  return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
+end
+if not v then
   return 0
 end
-if r[3] == 't' then
+-- The record's shape is checked before its owner, so garbage is reported, not ignored.
+local s, w, k, n = string.sub(v, 1, 1), string.sub(v, 2, 2), string.sub(v, 3, 3), #v
+if s == 'p' then
+  if (w ~= '-' and w ~= 'w') or not (((k == 'd' or k == 'l') and (n == 19 or n == 35))
+      or (k == 't' and (n == 49 or n == 65))) then
+    return {0, 'malformed in-progress record'}
+  end
+elseif s == 'c' then
+  if w ~= '-' and (w ~= 'f' or n < 18) then
+    return {0, 'malformed completed record'}
+  end
+  return 0
+elseif s == 'i' then
+  if n ~= 2 or (w ~= '-' and w ~= 'w') then
+    return {0, 'malformed issued token'}
+  end
+  return 0
+else
+  return {0, 'unknown record state'}
+end
+if string.sub(v, 4, 19) ~= ARGV[1] then
+  return 0
+end
+local fp
+if k == 't' then
   -- A token claim outlives its lease (the record lasts until the token's deadline),
   -- so its lease is checked against the deadline it keeps.
-  local ld = tonumber(r[6])
+  local ld = digits(string.sub(v, n - 29, n - 15))
   if not ld then
     return {0, 'token claim without a lease deadline'}
   end
-  local tm = redis.call('TIME')
-  if ld <= tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) then
+  local t = redis.call('TIME')
+  if ld <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
     return 0
   end
+  if n == 65 then
+    fp = string.sub(v, 20, 35)
+  end
+elseif n == 35 then
+  fp = string.sub(v, 20, 35)
 end
--- Rewritten whole, so no field of the claim (owner, lease, token deadline) survives.
-redis.call('DEL', rec)
-if r[5] then
-  redis.call('HSET', rec, 's', 'c', 'v', ARGV[2], 'f', r[5])
+-- Rewritten whole, so nothing of the claim (owner, lease, token deadline) survives.
+if fp then
+  redis.call('SET', rec, 'cf' .. fp .. ARGV[2], 'PX', ARGV[3])
 else
-  redis.call('HSET', rec, 's', 'c', 'v', ARGV[2])
+  redis.call('SET', rec, 'c-' .. ARGV[2], 'PX', ARGV[3])
 end
-redis.call('PEXPIRE', rec, ARGV[3])
-if r[4] then
+if w == 'w' then
   redis.call('PUBLISH', ARGV[4], rec)
 end
 return 1

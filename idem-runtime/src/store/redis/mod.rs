@@ -2,22 +2,43 @@
 //!
 //! # Layout
 //!
-//! A record is one hash, `{prefix}{namespace}:{scope}:{<digest>}`, and a lock's fencing
+//! A record is one string, `{prefix}{namespace}:{scope}:{<digest>}`, and a lock's fencing
 //! counter sits beside it at `...:fence`. The digest is the key's hash tag, so in a
 //! Cluster both keys of a record live in one slot and every script touches one node.
-//! Fields: `s` state (`p` in progress, `c` completed, `i` issued token), `k` claim kind,
-//! `o` owner, `l` lease deadline and `t` token deadline (ms by the Redis clock), `f`
-//! fingerprint, `v` value, `w` "somebody waited". Anything else under a record's name (a
-//! string, a hash without a known state, a completed record without a value) is
-//! reported as [`Error::Corrupt`], never replayed.
+//! The string is one state byte and what that state needs, at fixed places:
+//!
+//! - in progress: `p`, a waited flag (`-`, or `w` once a `Busy` answer was given, so
+//!   whoever ends the claim publishes), the kind (`d` dedup, `l` lock, `t` token), the
+//!   owner's 16 bytes, the fingerprint's 16 bytes if the claim had one; a token claim
+//!   ends with its lease deadline and the token's deadline (15 decimal digits each, ms
+//!   by the Redis clock). A dedup or lock claim keeps no deadline: the key's own expiry
+//!   is the lease.
+//! - completed: `c`, then `-` and the value, or `f`, the fingerprint's 16 bytes and the
+//!   value.
+//! - issued token: `i` and the waited flag; the key's expiry is the token's.
+//!
+//! Anything else under a record's name (another type, an unknown state byte, a record
+//! cut short) is reported as [`Error::Corrupt`], never replayed. Needs Redis 7.0 or
+//! later (`SET … NX GET`).
 //!
 //! # Round trips
 //!
-//! Each [`Store`] method is one Lua script run by SHA (`EVALSHA`, reloaded on `NOSCRIPT`):
-//! a new key costs a claim and a completion, a replay one claim (which returns the stored
-//! value), a lock acquire and release one each, the fence bumped inside the acquire.
-//! Expiry is Redis' own (`PEXPIRE`, and `TIME` inside scripts for deadlines kept in the
-//! record), never the client's clock.
+//! Each [`Store`] method is one atomic step: a native command where one suffices, else
+//! one Lua script run by SHA (`EVALSHA`, reloaded on `NOSCRIPT`).
+//!
+//! - A dedup claim is `SET rec <in-progress record> NX GET PX lease`: no reply is a new
+//!   claim, a completed record a replay; anything else (held by another owner, a token,
+//!   garbage) goes to the claim script, which answers busy, takes a token over, or
+//!   reports corruption. So a new key costs that `SET` and a completion, a replay one `SET`.
+//! - Completion, release and renewal are small scripts: read the record, compare the
+//!   owner's bytes, then `SET … PX`, `DEL` or `PEXPIRE`, and `PUBLISH` only if somebody
+//!   waited.
+//! - A lock acquisition is one script (`SET … NX PX`, then the fence counter's `INCR`);
+//!   a release one more.
+//! - Issuing a token is `SET rec i- NX PX ttl`; consuming it a claim script and a completion.
+//!
+//! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a token
+//! claim), never the client's clock.
 //!
 //! # Connections, waiting, timeouts
 //!
@@ -31,13 +52,12 @@ mod conn;
 mod notify;
 mod toolbox;
 
-use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use self::conn::{Connections, Source, is_transport_error};
 use self::notify::Notifier;
@@ -56,14 +76,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_PREFIX: &str = "idem:";
 /// The default number of multiplexed connections calls are spread over.
 pub const DEFAULT_CONNECTIONS: usize = 4;
-/// The default lifetime of an unused lock's fencing counter.
+/// The default lifetime of a lock's fencing counter (from its first use).
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
-static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("issue.lua")));
 
 /// A [`Store`] in Redis, shared by every process that uses the same server and prefix.
 ///
@@ -175,9 +194,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long an unused lock's fencing counter is kept (default 30 days). Fences stay
-    /// strictly increasing even after it expires (a new counter starts at the Redis clock
-    /// in microseconds); the ttl only bounds memory for lock keys that are never used again.
+    /// How long a lock's fencing counter is kept from its first use (default 30 days, and
+    /// never less than a lease). Fences stay strictly increasing after it expires (a new
+    /// counter starts at the Redis clock in microseconds, above anything the old one
+    /// reached); the ttl only bounds memory for lock keys that are no longer used.
     ///
     /// ```
     /// let b = idem_runtime::RedisStore::builder().fence_ttl(std::time::Duration::from_secs(86_400));
@@ -399,18 +419,22 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn record_name(&self, key: &Key) -> String {
+        self.name_with(key, "")
+    }
+
+    /// The record's name followed by `suffix`, in one allocation sized for both.
+    fn name_with(&self, key: &Key, suffix: &str) -> String {
         let mut s = String::with_capacity(
-            self.inner.prefix.len() + key.namespace().len() + key.scope().len() + 36,
+            self.inner.prefix.len() + key.namespace().len() + key.scope().len() + 36 + suffix.len(),
         );
         s.push_str(&self.inner.prefix);
         s.push_str(key.namespace());
         s.push(':');
         s.push_str(key.scope());
         s.push_str(":{");
-        for b in key.digest() {
-            let _ = write!(s, "{b:02x}");
-        }
+        s.push_str(hex32(key.digest()).as_str());
         s.push('}');
+        s.push_str(suffix);
         s
     }
 
@@ -451,10 +475,16 @@ impl RedisStore {
         }
     }
 
-    /// Runs one script by SHA (`cmd` from [`evalsha`]), loading it on `NOSCRIPT` (a
-    /// restarted or flushed server), bounded by the timeout. Retires the connection on a
-    /// transport failure or a timeout (a hung connection would stall every call sharing it).
-    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<Value, Error> {
+    /// Runs `cmd` on the store's connections, bounded by the timeout. If `cmd` is the
+    /// `EVALSHA` of `script` (from [`evalsha`]), the script is loaded on `NOSCRIPT` (a
+    /// restarted or flushed server) and `cmd` sent again. A transport failure or a
+    /// timeout is `Err` (and retires the connection: a hung connection would stall every
+    /// call sharing it); an error reply from the server is `Ok(Err(_))`, for the caller.
+    async fn exec(
+        &self,
+        script: Option<&Script>,
+        cmd: &Cmd,
+    ) -> Result<Result<Value, RedisError>, Error> {
         let inner = &*self.inner;
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let timed_out = || {
@@ -468,25 +498,37 @@ impl RedisStore {
         let run = async {
             match cmd.query_async::<Value>(&mut lease.conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut lease.conn).await?;
-                    cmd.query_async::<Value>(&mut lease.conn).await
+                    match script {
+                        Some(script) => {
+                            script.load_async(&mut lease.conn).await?;
+                            cmd.query_async::<Value>(&mut lease.conn).await
+                        }
+                        None => Err(e),
+                    }
                 }
                 r => r,
             }
         };
         match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(v)) => Ok(Ok(v)),
             Ok(Err(e)) => {
                 if is_transport_error(&e) {
                     inner.conns.retire(&lease);
+                    return Err(Error::store(e));
                 }
-                Err(Error::store(e))
+                Ok(Err(e))
             }
             Err(_) => {
                 inner.conns.retire(&lease);
                 Err(timed_out())
             }
         }
+    }
+
+    /// Runs one script by SHA (`cmd` from [`evalsha`]); see [`exec`](Self::exec). Any
+    /// error reply is a store error.
+    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<Value, Error> {
+        self.exec(Some(script), &cmd).await?.map_err(Error::store)
     }
 
     /// Runs a script that answers 1/0 (or a corrupt-record report).
@@ -554,15 +596,54 @@ fn evalsha(script: &Script, nkeys: usize) -> Cmd {
     cmd
 }
 
-/// The owner as 32 lowercase hex digits, without a heap allocation.
-fn owner_hex(o: Owner) -> [u8; 32] {
+/// 16 bytes as 32 lowercase hex digits, without a heap allocation.
+struct Hex32([u8; 32]);
+
+impl Hex32 {
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+fn hex32(bytes: &[u8; 16]) -> Hex32 {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 32];
-    for (i, b) in o.0.to_be_bytes().iter().enumerate() {
+    for (i, b) in bytes.iter().enumerate() {
         out[2 * i] = HEX[usize::from(b >> 4)];
         out[2 * i + 1] = HEX[usize::from(b & 15)];
     }
-    out
+    Hex32(out)
+}
+
+/// The owner as 32 lowercase hex digits, without a heap allocation (toolbox records).
+fn owner_hex(o: Owner) -> [u8; 32] {
+    hex32(&o.0.to_be_bytes()).0
+}
+
+/// The longest in-progress record the client writes: state, waited flag, kind, owner,
+/// fingerprint (a token claim's deadlines are appended by the claim script).
+const CLAIM_MAX: usize = 3 + 16 + 16;
+
+/// The in-progress record for `req`: `p`, `-` (nobody waited yet), the kind, the owner's
+/// 16 bytes and the fingerprint's 16 if any. Returned with its length, on the stack.
+fn in_progress(req: &ClaimRequest) -> ([u8; CLAIM_MAX], usize) {
+    let mut b = [0u8; CLAIM_MAX];
+    b[0] = b'p';
+    b[1] = b'-';
+    b[2] = match req.kind {
+        ClaimKind::Dedup => b'd',
+        ClaimKind::Lock => b'l',
+        ClaimKind::Token => b't',
+    };
+    b[3..19].copy_from_slice(&req.owner.0.to_be_bytes());
+    match &req.fingerprint {
+        Some(f) => {
+            b[19..35].copy_from_slice(&f.0);
+            (b, 35)
+        }
+        None => (b, 19),
+    }
 }
 
 fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
@@ -589,26 +670,45 @@ fn fingerprint(key: &Key, v: Option<&Value>) -> Result<Option<Fingerprint>, Erro
     }
 }
 
+/// A completed record (`c-<value>` or `cf<fingerprint><value>`) as a claim's answer. The
+/// value is a view into the reply's buffer, not a copy.
+fn parse_completed(key: &Key, record: Vec<u8>) -> Result<ClaimOutcome, Error> {
+    let (fingerprint, at) = match record.get(..2) {
+        Some(b"c-") => (None, 2),
+        Some(b"cf") if record.len() >= 18 => {
+            let mut f = [0u8; 16];
+            f.copy_from_slice(&record[2..18]);
+            (Some(Fingerprint(f)), 18)
+        }
+        _ => return Err(corrupt(key, "malformed completed record")),
+    };
+    Ok(ClaimOutcome::Completed {
+        value: Bytes::from(record).slice(at..),
+        fingerprint,
+    })
+}
+
+/// The claim script's answer: a bare integer (the fence) for a claim, else `{tag, ...}`.
 fn parse_claim(key: &Key, reply: Value) -> Result<ClaimOutcome, Error> {
-    let Value::Array(items) = reply else {
-        return Err(corrupt(key, format!("unexpected reply {reply:?}")));
+    let items = match reply {
+        Value::Int(fence) => {
+            return Ok(ClaimOutcome::Claimed {
+                fence: u64::try_from(fence).unwrap_or(0),
+            });
+        }
+        Value::Array(items) => items,
+        other => return Err(corrupt(key, format!("unexpected reply {other:?}"))),
     };
     let mut items = items.into_iter();
     let tag = items.next();
     let a = items.next();
     let b = items.next();
     match (tag, a) {
-        (Some(Value::Int(1)), Some(Value::Int(fence))) => Ok(ClaimOutcome::Claimed {
-            fence: u64::try_from(fence).unwrap_or(0),
-        }),
         (Some(Value::Int(2)), Some(Value::Int(ms))) => Ok(ClaimOutcome::Busy {
             retry_in: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
             fingerprint: fingerprint(key, b.as_ref())?,
         }),
-        (Some(Value::Int(3)), Some(Value::BulkString(v))) => Ok(ClaimOutcome::Completed {
-            value: Bytes::from(v),
-            fingerprint: fingerprint(key, b.as_ref())?,
-        }),
+        (Some(Value::Int(3)), Some(Value::BulkString(record))) => parse_completed(key, record),
         (Some(Value::Int(4)), None) => Ok(ClaimOutcome::Missing),
         (Some(Value::Int(0)), Some(Value::BulkString(why))) => {
             Err(corrupt(key, String::from_utf8_lossy(&why)))
@@ -624,33 +724,56 @@ impl Store for RedisStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
         Box::pin(async move {
-            let rec = self.record_name(key);
-            let kind = match req.kind {
-                ClaimKind::Lock => "l",
-                ClaimKind::Token => "t",
-                _ => "d",
-            };
-            let fp: &[u8] = match &req.fingerprint {
-                Some(f) => &f.0,
-                None => b"",
-            };
-            // Only a lock claim names its fence counter (same hash tag, same slot).
-            let mut cmd = if req.kind == ClaimKind::Lock {
-                let mut c = evalsha(&CLAIM, 2);
-                c.arg(&rec).arg(format!("{rec}:fence"));
-                c
-            } else {
-                let mut c = evalsha(&CLAIM, 1);
-                c.arg(&rec);
-                c
-            };
-            cmd.arg(kind)
-                .arg(&owner_hex(req.owner)[..])
-                .arg(ceil_millis(req.lease))
-                .arg(fp)
-                .arg(self.inner.fence_ttl_ms.max(ceil_millis(req.lease) + 1000))
-                .arg(self.inner.notifier.channel());
-            parse_claim(key, self.eval(&CLAIM, cmd).await?)
+            let (buf, len) = in_progress(req);
+            let record = &buf[..len];
+            let lease = ceil_millis(req.lease);
+            let channel = self.inner.notifier.channel();
+            match req.kind {
+                ClaimKind::Dedup => {
+                    let rec = self.record_name(key);
+                    let mut cmd = Cmd::with_capacity(7, rec.len() + len + 40);
+                    cmd.arg("SET")
+                        .arg(&rec)
+                        .arg(record)
+                        .arg("NX")
+                        .arg("GET")
+                        .arg("PX")
+                        .arg(lease);
+                    match self.exec(None, &cmd).await? {
+                        Ok(Value::Nil) => return Ok(ClaimOutcome::Claimed { fence: 0 }),
+                        Ok(Value::BulkString(b)) if b.first() == Some(&b'c') => {
+                            return parse_completed(key, b);
+                        }
+                        // WRONGTYPE: not a string; the script says so in its words.
+                        Err(e) if e.code() != Some("WRONGTYPE") => return Err(Error::store(e)),
+                        // Held by another owner, a token, or garbage: the script decides.
+                        _ => {}
+                    }
+                    let mut cmd = evalsha(&CLAIM, 1);
+                    cmd.arg(&rec).arg(record).arg(lease).arg(channel);
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+                ClaimKind::Lock => {
+                    // One allocation for both names: the record's, then its fence counter's.
+                    let names = self.name_with(key, ":fence");
+                    let rec = &names[..names.len() - ":fence".len()];
+                    let mut cmd = evalsha(&CLAIM, 2);
+                    cmd.arg(rec)
+                        .arg(&names)
+                        .arg(record)
+                        .arg(lease)
+                        .arg(self.inner.fence_ttl_ms.max(lease + 1000));
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+                ClaimKind::Token => {
+                    let mut cmd = evalsha(&CLAIM, 1);
+                    cmd.arg(self.record_name(key))
+                        .arg(record)
+                        .arg(lease)
+                        .arg(channel);
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+            }
         })
     }
 
@@ -664,7 +787,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut cmd = evalsha(&COMPLETE, 1);
             cmd.arg(self.record_name(key))
-                .arg(&owner_hex(owner)[..])
+                .arg(&owner.0.to_be_bytes()[..])
                 .arg(value.as_ref())
                 .arg(ceil_millis(ttl))
                 .arg(self.inner.notifier.channel());
@@ -676,7 +799,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut cmd = evalsha(&RELEASE, 1);
             cmd.arg(self.record_name(key))
-                .arg(&owner_hex(owner)[..])
+                .arg(&owner.0.to_be_bytes()[..])
                 .arg(self.inner.notifier.channel());
             self.eval_bool(key, &RELEASE, cmd).await
         })
@@ -691,7 +814,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut cmd = evalsha(&RENEW, 1);
             cmd.arg(self.record_name(key))
-                .arg(&owner_hex(owner)[..])
+                .arg(&owner.0.to_be_bytes()[..])
                 .arg(ceil_millis(lease));
             self.eval_bool(key, &RENEW, cmd).await
         })
@@ -699,9 +822,20 @@ impl Store for RedisStore {
 
     fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut cmd = evalsha(&ISSUE, 1);
-            cmd.arg(self.record_name(key)).arg(ceil_millis(ttl));
-            self.eval_bool(key, &ISSUE, cmd).await
+            // The key's expiry is the token's deadline; a claim reads it with `PTTL`.
+            let rec = self.record_name(key);
+            let mut cmd = Cmd::with_capacity(6, rec.len() + 32);
+            cmd.arg("SET")
+                .arg(&rec)
+                .arg("i-")
+                .arg("NX")
+                .arg("PX")
+                .arg(ceil_millis(ttl));
+            match self.exec(None, &cmd).await?.map_err(Error::store)? {
+                Value::Okay => Ok(true),
+                Value::Nil => Ok(false),
+                other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
+            }
         })
     }
 
@@ -809,11 +943,12 @@ mod tests {
         let key = Key::from_str("t", "s", "k");
         for v in [
             Value::Nil,
-            Value::Int(7),
+            Value::Okay,
             Value::Array(vec![]),
             Value::Array(vec![Value::Int(3)]),
             Value::Array(vec![Value::Int(3), Value::Nil]),
             Value::Array(vec![Value::Int(9), Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), Value::Int(1)]),
             Value::Array(vec![
                 Value::Int(2),
                 Value::Int(5),
@@ -827,11 +962,7 @@ mod tests {
         }
         let ok = parse_claim(
             &key,
-            Value::Array(vec![
-                Value::Int(3),
-                Value::BulkString(b"x".to_vec()),
-                Value::Nil,
-            ]),
+            Value::Array(vec![Value::Int(3), Value::BulkString(b"c-x".to_vec())]),
         )
         .unwrap();
         assert_eq!(
@@ -840,6 +971,55 @@ mod tests {
                 value: Bytes::from_static(b"x"),
                 fingerprint: None
             }
+        );
+    }
+
+    #[test]
+    fn completed_records_parse_or_are_corrupt() {
+        let key = Key::from_str("t", "s", "k");
+        let mut with_fp = b"cf".to_vec();
+        with_fp.extend_from_slice(&[7u8; 16]);
+        with_fp.extend_from_slice(b"value");
+        assert_eq!(
+            parse_completed(&key, with_fp).unwrap(),
+            ClaimOutcome::Completed {
+                value: Bytes::from_static(b"value"),
+                fingerprint: Some(Fingerprint([7; 16]))
+            }
+        );
+        assert_eq!(
+            parse_completed(&key, b"c-".to_vec()).unwrap(),
+            ClaimOutcome::Completed {
+                value: Bytes::new(),
+                fingerprint: None
+            }
+        );
+        for bad in [&b""[..], b"c", b"cx", b"cfshort", b"p-d", b"\xff"] {
+            assert!(
+                matches!(
+                    parse_completed(&key, bad.to_vec()),
+                    Err(Error::Corrupt { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn in_progress_records_have_their_fixed_layout() {
+        let owner = Owner(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
+        let req = ClaimRequest::new(ClaimKind::Lock, owner, Duration::from_secs(1));
+        let (b, n) = in_progress(&req);
+        assert_eq!(n, 19);
+        assert_eq!(&b[..3], b"p-l");
+        assert_eq!(&b[3..19], &owner.0.to_be_bytes());
+        let req = ClaimRequest::new(ClaimKind::Dedup, owner, Duration::from_secs(1))
+            .with_fingerprint(Some(Fingerprint([9; 16])));
+        let (b, n) = in_progress(&req);
+        assert_eq!((n, &b[..3], &b[19..35]), (35, &b"p-d"[..], &[9u8; 16][..]));
+        assert_eq!(
+            hex32(&[0xab; 16]).as_str(),
+            "abababababababababababababababab"
         );
     }
 }

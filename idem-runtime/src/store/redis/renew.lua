@@ -1,32 +1,60 @@
 -- Extends the lease of `owner`'s live claim (one round trip).
 --
--- KEYS[1] record; ARGV[1] owner; ARGV[2] lease in ms (>= 1).
+-- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] lease in ms (>= 1).
 -- Replies 1 (renewed), 0 (lease lost), or {0, reason} (corrupt).
-if redis.replicate_commands then redis.replicate_commands() end
-
 local rec = KEYS[1]
-local r = redis.pcall('HMGET', rec, 's', 'o', 'k', 'l', 't')
-if type(r) == 'table' and r['err'] then
-  return {0, 'not an idem record (' .. r['err'] .. ')'}
+-- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
+local function digits(x)
+  if not string.find(x, '%D') then
+    return tonumber(x)
+  end
 end
-if r[1] ~= 'p' or r[2] ~= ARGV[1] then
+local v = redis.pcall('GET', rec)
+if type(v) == 'table' then
+  return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
+end
+if not v then
   return 0
 end
-if r[3] ~= 't' then
+-- The record's shape is checked before its owner, so garbage is reported, not ignored.
+local s, w, k, n = string.sub(v, 1, 1), string.sub(v, 2, 2), string.sub(v, 3, 3), #v
+if s == 'p' then
+  if (w ~= '-' and w ~= 'w') or not (((k == 'd' or k == 'l') and (n == 19 or n == 35))
+      or (k == 't' and (n == 49 or n == 65))) then
+    return {0, 'malformed in-progress record'}
+  end
+elseif s == 'c' then
+  if w ~= '-' and (w ~= 'f' or n < 18) then
+    return {0, 'malformed completed record'}
+  end
+  return 0
+elseif s == 'i' then
+  if n ~= 2 or (w ~= '-' and w ~= 'w') then
+    return {0, 'malformed issued token'}
+  end
+  return 0
+else
+  return {0, 'unknown record state'}
+end
+if string.sub(v, 4, 19) ~= ARGV[1] then
+  return 0
+end
+if k ~= 't' then
   -- Dedup and lock: the key's expiry is the lease, and the key exists.
   redis.call('PEXPIRE', rec, ARGV[2])
   return 1
 end
-local ld, te = tonumber(r[4]), tonumber(r[5])
+local ld, te = digits(string.sub(v, n - 29, n - 15)), digits(string.sub(v, n - 14))
 if not ld or not te then
   return {0, 'token claim without its deadlines'}
 end
-local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ld <= now then
   return 0
 end
 local deadline = now + tonumber(ARGV[2])
-redis.call('HSET', rec, 'l', string.format('%.0f', deadline))
+-- The lease deadline sits 30 bytes from the end; SETRANGE keeps the key's expiry.
+redis.call('SETRANGE', rec, n - 30, string.format('%015.0f', deadline))
 redis.call('PEXPIREAT', rec, string.format('%.0f', math.max(te, deadline)))
 return 1
