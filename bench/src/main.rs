@@ -238,12 +238,10 @@ async fn redis_cases(args: &Args, url: &str, report: &mut Report) {
         report.add_summary(&g, &r.case, report::Summary::from(&r))
     };
     for tasks in [1usize, 50] {
-        let one = add(report, redis::baseline::set_nx_px(&ctx, tasks).await);
-        let two = add(report, redis::baseline::set_nx_px_del(&ctx, tasks).await);
-        let new = add(report, redis::idem_ops::dedup_new(&ctx, tasks).await);
-        let replay = add(report, redis::idem_ops::dedup_replay(&ctx, tasks).await);
-        let lock = add(report, redis::idem_ops::lock_cycle(&ctx, tasks).await);
-        let token = add(report, redis::idem_ops::token_cycle(&ctx, tasks).await);
+        // The six cases take turns in short slices (see `redis::turns`).
+        let [one, two, new, replay, lock, token] = redis::turns::issue3(&ctx, tasks)
+            .await
+            .map(|r| add(report, r));
         let b2 = format!("raw SET NX PX + DEL through the same connections, {tasks} tasks");
         let b1 = format!("raw SET NX PX through the same connections, {tasks} tasks");
         report.ratio(

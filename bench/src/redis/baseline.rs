@@ -4,15 +4,14 @@
 use idem_runtime::store::redis::redis;
 
 use super::Ctx;
-use crate::runner::run;
-use crate::stats::Row;
+use super::turns::{Op, op};
 
 pub(crate) const ONE_RT: &str = "raw SET NX PX (1 RT)";
 pub(crate) const TWO_RT: &str = "raw SET NX PX + DEL (2 RT)";
 
-pub(crate) async fn set_nx_px(ctx: &Ctx, tasks: usize) -> Row {
+pub(crate) fn set_nx_px(ctx: &Ctx) -> Op {
     let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
-    run("baseline", ONE_RT, tasks, ctx.secs, move |t, i| {
+    op(move |t, i| {
         let (store, run_id) = (store.clone(), run_id.clone());
         async move {
             let cmd = set_cmd(&run_id, t, i);
@@ -20,12 +19,11 @@ pub(crate) async fn set_nx_px(ctx: &Ctx, tasks: usize) -> Row {
             Ok(())
         }
     })
-    .await
 }
 
-pub(crate) async fn set_nx_px_del(ctx: &Ctx, tasks: usize) -> Row {
+pub(crate) fn set_nx_px_del(ctx: &Ctx) -> Op {
     let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
-    run("baseline", TWO_RT, tasks, ctx.secs, move |t, i| {
+    op(move |t, i| {
         let (store, run_id) = (store.clone(), run_id.clone());
         async move {
             let cmd = set_cmd(&run_id, t, i);
@@ -36,7 +34,6 @@ pub(crate) async fn set_nx_px_del(ctx: &Ctx, tasks: usize) -> Row {
             Ok(())
         }
     })
-    .await
 }
 
 pub(crate) fn key(run_id: &str, t: usize, i: u64) -> String {

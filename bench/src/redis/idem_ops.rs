@@ -6,8 +6,7 @@ use std::time::Duration;
 use idem_runtime::{Error, NoReplay, Options};
 
 use super::Ctx;
-use crate::runner::run;
-use crate::stats::Row;
+use super::turns::{Op, op};
 
 static NEW: Options = Options::dedup("bench::dedup").ttl(Duration::from_secs(30));
 static REPLAY: Options = Options::dedup("bench::replay").ttl(Duration::from_secs(300));
@@ -19,9 +18,9 @@ pub(crate) const DEDUP_REPLAY: &str = "dedup replay";
 pub(crate) const LOCK_CYCLE: &str = "lock acquire+release";
 pub(crate) const TOKEN_CYCLE: &str = "token issue+consume";
 
-pub(crate) async fn dedup_new(ctx: &Ctx, tasks: usize) -> Row {
+pub(crate) fn dedup_new(ctx: &Ctx) -> Op {
     let idem = ctx.idem.clone();
-    run("idem", DEDUP_NEW, tasks, ctx.secs, move |t, i| {
+    op(move |t, i| {
         let idem = idem.clone();
         async move {
             let v: u64 = idem
@@ -34,13 +33,13 @@ pub(crate) async fn dedup_new(ctx: &Ctx, tasks: usize) -> Row {
             Ok(())
         }
     })
-    .await
 }
 
-pub(crate) async fn dedup_replay(ctx: &Ctx, tasks: usize) -> Row {
-    let idem = ctx.idem.clone();
+/// Completes the keys the replay case reads, one per task.
+pub(crate) async fn seed_replay(ctx: &Ctx, tasks: usize) {
     for t in 0..tasks {
-        let _: u64 = idem
+        let _: u64 = ctx
+            .idem
             .dedup(
                 &REPLAY,
                 format!("{t}"),
@@ -49,7 +48,11 @@ pub(crate) async fn dedup_replay(ctx: &Ctx, tasks: usize) -> Row {
             .await
             .expect("seeding replay keys");
     }
-    run("idem", DEDUP_REPLAY, tasks, ctx.secs, move |t, _| {
+}
+
+pub(crate) fn dedup_replay(ctx: &Ctx) -> Op {
+    let idem = ctx.idem.clone();
+    op(move |t, _| {
         let idem = idem.clone();
         async move {
             let v: u64 = idem
@@ -64,12 +67,11 @@ pub(crate) async fn dedup_replay(ctx: &Ctx, tasks: usize) -> Row {
             Ok(())
         }
     })
-    .await
 }
 
-pub(crate) async fn lock_cycle(ctx: &Ctx, tasks: usize) -> Row {
+pub(crate) fn lock_cycle(ctx: &Ctx) -> Op {
     let idem = ctx.idem.clone();
-    run("idem", LOCK_CYCLE, tasks, ctx.secs, move |t, _| {
+    op(move |t, _| {
         let idem = idem.clone();
         async move {
             idem.lock(&LOCK, format!("{t}"), async { Ok::<_, Error>(()) })
@@ -77,12 +79,11 @@ pub(crate) async fn lock_cycle(ctx: &Ctx, tasks: usize) -> Row {
                 .map_err(|e| e.to_string())
         }
     })
-    .await
 }
 
-pub(crate) async fn token_cycle(ctx: &Ctx, tasks: usize) -> Row {
+pub(crate) fn token_cycle(ctx: &Ctx) -> Op {
     let idem = ctx.idem.clone();
-    run("idem", TOKEN_CYCLE, tasks, ctx.secs, move |_, _| {
+    op(move |_, _| {
         let idem = idem.clone();
         async move {
             let tok = idem
@@ -94,5 +95,4 @@ pub(crate) async fn token_cycle(ctx: &Ctx, tasks: usize) -> Row {
                 .map_err(|e| e.to_string())
         }
     })
-    .await
 }

@@ -1,9 +1,10 @@
-//! The Redis cases: raw baselines, idem's operations through `RedisStore`, the
-//! connection-use designs, and wake-up latency.
+//! The Redis cases: raw baselines and idem's operations through `RedisStore` (taking
+//! turns, see [`turns`]), the connection-use designs, and wake-up latency.
 
 pub(crate) mod baseline;
 pub(crate) mod connections;
 pub(crate) mod idem_ops;
+pub(crate) mod turns;
 pub(crate) mod wake;
 
 use std::sync::Arc;
@@ -19,6 +20,8 @@ pub(crate) struct Ctx {
     /// Unique per run, so runs never see each other's keys.
     pub(crate) run: Arc<str>,
     pub(crate) secs: f64,
+    /// The server's process id, when it runs on this machine (for CPU accounting).
+    pub(crate) server_pid: Option<u32>,
 }
 
 impl Ctx {
@@ -45,6 +48,29 @@ impl Ctx {
             idem,
             run,
             secs,
+            server_pid: None,
         })
+    }
+
+    /// Finds the server's process id if it is a Redis on this machine (`INFO server`'s
+    /// `process_id`, checked against `/proc`), for the CPU-per-operation figures.
+    pub(crate) async fn find_server(&mut self) {
+        use idem_runtime::store::redis::redis;
+        let Ok(info) = self
+            .store
+            .command::<String>(redis::cmd("INFO").arg("server"))
+            .await
+        else {
+            return;
+        };
+        let pid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        let local = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("redis"))
+        };
+        self.server_pid = pid.filter(|p| local(*p));
     }
 }
