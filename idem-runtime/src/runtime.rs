@@ -394,11 +394,15 @@ pub(crate) mod private {
         reuse: Option<CloneReplay<T>>,
     ) -> Option<Result<T, E>> {
         let reuse = reuse?;
-        let (stored, memo) = rt.store().local()?.peek_memo(key)?;
-        if let Err(e) = crate::strategy::claim::check_fingerprint(key, fp, stored) {
-            return Some(Err(e.into()));
-        }
-        reuse.get(&*memo).map(Ok)
+        let mut found: Option<Result<T, Error>> = None;
+        rt.store().local()?.peek_memo(key, &mut |stored, memo| {
+            found = match crate::strategy::claim::check_fingerprint(key, fp, stored) {
+                Err(e) => Some(Err(e)),
+                Ok(()) => reuse.get(memo).map(Ok),
+            };
+        });
+        // The caller's error conversion runs here, outside the store's lock.
+        found.map(|r| r.map_err(E::from))
     }
 
     /// Token consumption, as expanded from the attribute.

@@ -2,6 +2,7 @@
 
 mod toolbox;
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -405,18 +406,25 @@ impl LocalStore for MemoryStore {
             }
         }
     }
-    fn peek_memo(&self, key: &Key) -> Option<(Option<Fingerprint>, Memo)> {
+    fn peek_memo(
+        &self,
+        key: &Key,
+        read: &mut dyn FnMut(Option<Fingerprint>, &(dyn Any + Send + Sync)),
+    ) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        match shard.live(key, now)? {
-            Entry {
+        match shard.live(key, now) {
+            Some(Entry {
                 state: State::Completed {
                     memo: Some(memo), ..
                 },
                 fingerprint,
                 ..
-            } => Some((*fingerprint, memo.clone())),
-            _ => None,
+            }) => {
+                read(*fingerprint, &**memo);
+                true
+            }
+            _ => false,
         }
     }
 }

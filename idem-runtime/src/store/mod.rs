@@ -62,9 +62,16 @@ pub trait LocalStore: Send + Sync {
     /// A record that has changed since is left alone.
     fn memoize(&self, key: &Key, value: &Bytes, memo: Memo);
 
-    /// The memo and fingerprint of the completed record under `key`, if it is live and
-    /// has a memo; changes nothing. Lets a replay skip building a claim at all.
-    fn peek_memo(&self, key: &Key) -> Option<(Option<Fingerprint>, Memo)>;
+    /// Calls `read` with the fingerprint and memo of the completed record under `key`
+    /// if it is live and has a memo, and returns whether it did; changes nothing. Lets a
+    /// replay skip building a claim at all. `read` runs while the record cannot change
+    /// (it only clones the value), so the memo's reference count is never touched: on a
+    /// hot key that shared counter would cost as much as the lookup.
+    fn peek_memo(
+        &self,
+        key: &Key,
+        read: &mut dyn FnMut(Option<Fingerprint>, &(dyn Any + Send + Sync)),
+    ) -> bool;
 }
 
 /// A boxed, sendable future, as returned by [`Store`] methods (keeps the trait object-safe).
