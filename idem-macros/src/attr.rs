@@ -23,6 +23,7 @@ pub(crate) mod kw {
     syn::custom_keyword!(on_duplicate);
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(cache_err);
+    syn::custom_keyword!(transaction);
 }
 
 const OPTIONS: &[&str] = &[
@@ -34,6 +35,7 @@ const OPTIONS: &[&str] = &[
     "on_duplicate",
     "fingerprint",
     "cache_err",
+    "transaction",
     "crate",
 ];
 
@@ -91,6 +93,12 @@ pub(crate) struct CacheErrArg {
     value: bool,
 }
 
+/// `transaction = tx`: the parameter carrying the caller's open SQL transaction.
+pub(crate) struct TransactionArg {
+    kw: Span,
+    param: Ident,
+}
+
 /// `crate = "path::to::idem_runtime"`
 pub(crate) struct CrateArg {
     kw: Span,
@@ -107,6 +115,7 @@ enum Arg {
     OnDuplicate(OnDuplicateArg),
     Fingerprint(FingerprintArg),
     CacheErr(CacheErrArg),
+    Transaction(TransactionArg),
     Crate(CrateArg),
 }
 
@@ -282,6 +291,19 @@ impl FingerprintArg {
     }
 }
 
+impl TransactionArg {
+    fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
+        input.parse::<Token![=]>()?;
+        let param = input.call(Ident::parse_any).map_err(|_| {
+            input.error(
+                "`transaction` names the parameter that carries the open transaction, \
+                 e.g. transaction = tx",
+            )
+        })?;
+        Ok(TransactionArg { kw, param })
+    }
+}
+
 impl CacheErrArg {
     fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
         input.parse::<Token![=]>()?;
@@ -360,6 +382,9 @@ impl Arg {
         } else if input.peek(kw::cache_err) {
             let kw: kw::cache_err = input.parse()?;
             CacheErrArg::parse_value(kw.span, input).map(Arg::CacheErr)
+        } else if input.peek(kw::transaction) {
+            let kw: kw::transaction = input.parse()?;
+            TransactionArg::parse_value(kw.span, input).map(Arg::Transaction)
         } else if input.peek(Token![crate]) {
             let kw: Token![crate] = input.parse()?;
             CrateArg::parse_value(kw.span, input).map(Arg::Crate)
@@ -447,6 +472,7 @@ pub(crate) struct Configuration {
     on_duplicate: Option<OnDuplicateArg>,
     fingerprint: Option<FingerprintArg>,
     cache_err: Option<CacheErrArg>,
+    transaction: Option<TransactionArg>,
     krate: Option<CrateArg>,
     /// Set when a `key = ...` was written but did not parse, so that its own error is
     /// reported instead of a misleading "missing `key`".
@@ -502,6 +528,10 @@ impl Configuration {
         let span = arg.kw;
         set_once(&mut self.cache_err, arg, "cache_err", span)
     }
+    pub(crate) fn set_transaction(&mut self, arg: TransactionArg) -> syn::Result<()> {
+        let span = arg.kw;
+        set_once(&mut self.transaction, arg, "transaction", span)
+    }
     pub(crate) fn set_crate(&mut self, arg: CrateArg) -> syn::Result<()> {
         let span = arg.kw;
         set_once(&mut self.krate, arg, "crate", span)
@@ -517,6 +547,7 @@ impl Configuration {
             Arg::OnDuplicate(a) => self.set_on_duplicate(a),
             Arg::Fingerprint(a) => self.set_fingerprint(a),
             Arg::CacheErr(a) => self.set_cache_err(a),
+            Arg::Transaction(a) => self.set_transaction(a),
             Arg::Crate(a) => self.set_crate(a),
         }
     }
@@ -568,6 +599,23 @@ impl Configuration {
                 errors.push(not_for_lock(arg.kw, "fingerprint", no_record));
             }
         }
+        if let Some(arg) = &self.transaction {
+            if strategy != Strategy::Dedup {
+                errors.push(syn::Error::new(
+                    arg.kw,
+                    "`transaction` applies to strategy = \"dedup\" only: the record is \
+                     written in the caller's transaction and commits with its writes",
+                ));
+            }
+            if let Some(cache) = self.cache_err.as_ref().filter(|a| a.value) {
+                errors.push(syn::Error::new(
+                    cache.kw,
+                    "`cache_err` does not apply with `transaction`: an `Err` rolls the \
+                     body's writes back to before the call, so there is no result to keep; \
+                     remove it",
+                ));
+            }
+        }
         if let (Strategy::Token, Some(key)) = (strategy, &self.key)
             && !key.template.is_single_placeholder()
         {
@@ -610,6 +658,7 @@ impl Configuration {
             on_duplicate,
             cache_err: self.cache_err.is_some_and(|a| a.value),
             fingerprint: self.fingerprint.map(|a| a.args).unwrap_or_default(),
+            transaction: self.transaction.map(|a| a.param),
             // A wrong `crate` path is then reported at the literal.
             private: CrateArg::private(self.krate),
         }))
@@ -628,6 +677,8 @@ pub(crate) struct Config {
     pub(crate) on_duplicate: Option<OnDuplicate>,
     pub(crate) cache_err: bool,
     pub(crate) fingerprint: Vec<Ident>,
+    /// The parameter carrying the caller's open transaction (transactional mode).
+    pub(crate) transaction: Option<Ident>,
     /// `::idem_runtime::__private`, or the `crate` option's path to it, and the span to
     /// report it at.
     pub(crate) private: (TokenStream, Span),
@@ -684,6 +735,7 @@ impl Config {
             on_duplicate: None,
             cache_err: false,
             fingerprint: Vec::new(),
+            transaction: None,
             private: CrateArg::private(None),
         }
     }

@@ -239,6 +239,18 @@ pub(crate) fn check_references(
             errors.push(syn::Error::new(config.key.lit.span(), message));
         }
     }
+    if let Some(tx) = &config.transaction {
+        let name = tx.unraw().to_string();
+        if !params.contains(&name) {
+            errors.push(syn::Error::new(
+                tx.span(),
+                format!(
+                    "`transaction` names `{name}`, which is not a parameter: {}",
+                    explain(&name)
+                ),
+            ));
+        }
+    }
     for entry in &config.fingerprint {
         let name = entry.unraw().to_string();
         if !params.contains(&name) {
@@ -403,6 +415,49 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
     let mut args = Group::new(Delimiter::Parenthesis, args);
     args.set_span(at);
     let call = quote_spanned!(at=> #private_at::#constructor_at::#generics #args .await);
+
+    if let Some(tx) = &config.transaction {
+        // Transactional mode: claim in the caller's transaction, run the body inline (it
+        // borrows that transaction), then record the result in it. The body is an
+        // `async` block of its own so that a `return` in it still reaches `tx_end`.
+        let codec = Ident::new(if replays { "ReplayOk" } else { "NoReplay" }, at);
+        let begin_at = Ident::new("tx_begin", at);
+        let end_at = Ident::new("tx_end", at);
+        let conn = quote_spanned!(tx.span()=> &mut *#tx);
+        let claim = format_ident!("__idem_claim");
+        let error = format_ident!("__idem_error");
+        return quote! {
+            #(#attrs)*
+            #vis #sig {
+                #import
+                static #options: #private::Options = #spec;
+                let #rt = #private::current();
+                let #key = #rt.key_parts(&#options, |#writer| #key_parts);
+                #fingerprint
+                let #claim = match #private_at::#begin_at::<#private_at::#codec, _, _, _>(
+                    &#rt, &#options, #conn, #key, #fp,
+                ).await {
+                    ::core::result::Result::Ok(#private::TxBegun::Replayed(#ret)) => return #ret,
+                    ::core::result::Result::Ok(#private::TxBegun::Claimed(#claim)) => #claim,
+                    ::core::result::Result::Err(#error) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(#error));
+                    }
+                };
+                let #ret: #ret_ty = async {
+                    let #ret: #ret_ty = #block;
+                    #[allow(unreachable_code)]
+                    #ret
+                }
+                .await;
+                if let ::core::result::Result::Err(#error) =
+                    #private_at::#end_at::<#private_at::#codec, _, _, _>(#claim, #conn, &#ret).await
+                {
+                    return ::core::result::Result::Err(::core::convert::From::from(#error));
+                }
+                #ret
+            }
+        };
+    }
 
     quote! {
         #(#attrs)*

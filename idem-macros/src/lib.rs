@@ -48,6 +48,7 @@ use proc_macro::TokenStream;
 /// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)` (not for `lock`) | dedup: replay, token: reject |
 /// | `fingerprint = [arg, ...]` | hash these (`Serialize`) arguments; the same key with other values is `Error::PayloadMismatch` (not for `lock`) | none |
 /// | `cache_err = true` | store `Err` results too instead of releasing the key (not for `lock`) | `false` |
+/// | `transaction = tx` | on a `SqlStore`: claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call (dedup only, not with `cache_err`) | none |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
 /// Durations are an integer and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"7d"`).

@@ -100,6 +100,50 @@ pub mod __private {
         Current::get()
     }
     pub use crate::runtime::private::{dedup, lock, replay_now, token};
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    pub use crate::store::sql::{TxBegun, tx_begin, tx_end};
+    #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+    pub use no_sql::{TxBegun, tx_begin, tx_end};
+
+    /// Without a SQL feature, `transaction = ...` still expands, and fails to compile
+    /// with a message that says which feature to enable.
+    #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+    mod no_sql {
+        use crate::{Error, Fingerprint, Idem, Key, Options};
+
+        #[diagnostic::on_unimplemented(
+            message = "`transaction = ...` needs a SQL store: enable idem-runtime's feature \
+                       `postgres`, `mysql` or `sqlite`"
+        )]
+        pub trait SqlFeature {}
+
+        pub enum TxBegun<R> {
+            Replayed(R),
+            Claimed(TxClaim),
+        }
+
+        pub struct TxClaim;
+
+        const NO_SQL: Error = Error::Unsupported("transactional mode without a SQL feature");
+
+        pub async fn tx_begin<C, X: SqlFeature + ?Sized, T, E>(
+            _: &Idem,
+            _: &Options,
+            _: &mut X,
+            _: Key,
+            _: Option<Fingerprint>,
+        ) -> Result<TxBegun<Result<T, E>>, Error> {
+            Err(NO_SQL)
+        }
+
+        pub async fn tx_end<C, X: SqlFeature + ?Sized, T, E>(
+            _: TxClaim,
+            _: &mut X,
+            _: &Result<T, E>,
+        ) -> Result<(), Error> {
+            Err(NO_SQL)
+        }
+    }
     pub use crate::strategy::optimistic::{
         Retry, attribute_policy as retry_policy, retry_on_conflict,
     };

@@ -423,6 +423,13 @@ pub trait Store: Send + Sync + 'static {
     fn local(&self) -> Option<&dyn LocalStore> {
         None
     }
+
+    /// The store itself as [`Any`], for code that needs a concrete store behind an
+    /// `Arc<dyn Store>` (the attribute's transactional mode needs the `SqlStore`
+    /// of the current runtime). Default: `None`.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -514,6 +521,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn local(&self) -> Option<&dyn LocalStore> {
         (**self).local()
+    }
+    fn as_any(&self) -> Option<&dyn Any> {
+        (**self).as_any()
     }
 }
 

@@ -349,6 +349,116 @@ macro_rules! sql_store_tests {
             exec(&s, format!("DROP TABLE {table}")).await;
         }
 
+        /// `#[idempotent(transaction = tx)]`: the caller's own transaction carries the
+        /// claim, the body's write and the record; an `Err` undoes the body's write only.
+        #[idem_runtime::idempotent(key = "order:{order}", transaction = tx, wait = "60s")]
+        async fn place_order(
+            tx: &mut Transaction<'static, $db>,
+            table: &str,
+            order: u64,
+            runs: &AtomicUsize,
+            fail: bool,
+        ) -> Result<u64, Error> {
+            runs.fetch_add(1, Ordering::SeqCst);
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} (k, n) VALUES ('order:{order}', {order})"
+            )))
+            .execute(&mut **tx)
+            .await
+            .map_err(Error::store)?;
+            if fail {
+                return Err(Error::Config("declined".into()));
+            }
+            // Long enough for concurrent duplicates to meet the open transaction.
+            tokio::time::sleep(ms(50)).await;
+            Ok(order * 10)
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn attribute_runs_in_the_callers_transaction() {
+            let s = store().await;
+            let table = format!("idem_orders_{}", support::suffix());
+            exec(&s, format!("CREATE TABLE {table} (k VARCHAR(64) NOT NULL, n BIGINT NOT NULL)")).await;
+            let idem = idem_for(&s, &unique("txattr"));
+            let rows = |k: &str| count(&s, format!("SELECT COUNT(*) FROM {table} WHERE k = '{k}'"));
+            let pool = s.$pool().expect("pool").clone();
+            let sqlite = s.name() == "sql-sqlite";
+            // SQLite: a transaction that will write must say so up front, or a concurrent
+            // commit makes its snapshot stale and every later write in it fails.
+            let begin = move |pool: sqlx::Pool<$db>| async move {
+                if sqlite { pool.begin_with("BEGIN IMMEDIATE").await } else { pool.begin().await }
+            };
+            let runs = AtomicUsize::new(0);
+            idem.scope(async {
+                // Committed by the caller: record and business row together; then replayed
+                // inside another transaction without running or writing.
+                for _ in 0..2 {
+                    let mut tx = begin(pool.clone()).await.unwrap();
+                    assert_eq!(place_order(&mut tx, &table, 1, &runs, false).await.unwrap(), 10);
+                    tx.commit().await.unwrap();
+                }
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                assert_eq!(rows("order:1").await, 1);
+
+                // Rolled back by the caller: neither the row nor the record is left, so the
+                // next call runs (once) and its commit holds.
+                let mut tx = begin(pool.clone()).await.unwrap();
+                assert_eq!(place_order(&mut tx, &table, 2, &runs, false).await.unwrap(), 20);
+                tx.rollback().await.unwrap();
+                assert_eq!(rows("order:2").await, 0);
+                let mut tx = begin(pool.clone()).await.unwrap();
+                assert_eq!(place_order(&mut tx, &table, 2, &runs, false).await.unwrap(), 20);
+                tx.commit().await.unwrap();
+                assert_eq!((runs.load(Ordering::SeqCst), rows("order:2").await), (3, 1));
+
+                // An `Err` undoes the body's write and frees the key, but keeps what the
+                // caller wrote before the call in the same transaction.
+                let mut tx = begin(pool.clone()).await.unwrap();
+                sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} (k, n) VALUES ('mine', 0)")))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let r = place_order(&mut tx, &table, 3, &runs, true).await;
+                assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+                tx.commit().await.unwrap();
+                assert_eq!((rows("mine").await, rows("order:3").await), (1, 0));
+                let mut tx = begin(pool.clone()).await.unwrap();
+                assert_eq!(place_order(&mut tx, &table, 3, &runs, false).await.unwrap(), 30);
+                tx.commit().await.unwrap();
+                assert_eq!(rows("order:3").await, 1);
+
+                // A call outside any transaction replays the record written inside one.
+                static PLACE: Options = Options::dedup(concat!(module_path!(), "::place_order"));
+                let v: u64 = idem.dedup(&PLACE, "order:3", async { Ok::<_, Error>(0) }).await.unwrap();
+                assert_eq!(v, 30);
+            })
+            .await;
+
+            // Concurrent duplicates, each in its own transaction: one body, one row.
+            let before = runs.load(Ordering::SeqCst);
+            let runs = Arc::new(runs);
+            let mut tasks = Vec::new();
+            for _ in 0..8 {
+                let (idem, pool, table, runs) = (idem.clone(), pool.clone(), table.clone(), runs.clone());
+                let begin = begin.clone();
+                tasks.push(tokio::spawn(async move {
+                    idem.scope(async {
+                        let mut tx = begin(pool.clone()).await.unwrap();
+                        let v = place_order(&mut tx, &table, 4, &runs, false).await;
+                        tx.commit().await.unwrap();
+                        v
+                    })
+                    .await
+                }));
+            }
+            for t in tasks {
+                assert_eq!(t.await.unwrap().expect("every duplicate replays"), 40);
+            }
+            assert_eq!(runs.load(Ordering::SeqCst) - before, 1, "the body ran once");
+            assert_eq!(rows("order:4").await, 1);
+            exec(&s, format!("DROP TABLE {table}")).await;
+        }
+
         /// The crash test: a child process is killed (SIGKILL) after its business write
         /// and before its commit. Neither the write nor the claim survives; the retry runs
         /// once; the business table holds exactly one row; a later call replays.

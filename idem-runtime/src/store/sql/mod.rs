@@ -57,9 +57,13 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod in_tx;
 mod toolbox;
 mod tx;
 
+pub use in_tx::TxConn;
+#[doc(hidden)]
+pub use in_tx::{TxBegun, TxClaim, tx_begin, tx_end};
 pub use tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
 
 /// The client crate, re-exported so that pools built by the application and the ones
@@ -881,6 +885,10 @@ impl Store for SqlStore {
         size_bits: u64,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.tb_bloom_contains(filter, indexes, size_bits))
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn name(&self) -> &'static str {

@@ -63,6 +63,27 @@ pub trait TxDatabase: sqlx::Database + sealed::Sealed {
         value: &'c [u8],
         ttl: Duration,
     ) -> BoxFuture<'c, Result<bool, Error>>;
+
+    /// Runs one statement without parameters (savepoints).
+    #[doc(hidden)]
+    fn __execute<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> BoxFuture<'c, Result<(), Error>>;
+}
+
+/// [`TxDatabase::__execute`] for any connection.
+fn execute<'c, X: sqlx::Executor<'c> + 'c>(
+    conn: X,
+    sql: &'c str,
+) -> BoxFuture<'c, Result<(), Error>> {
+    Box::pin(async move {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(Error::store)
+    })
 }
 
 #[cfg(feature = "postgres")]
@@ -117,6 +138,13 @@ impl TxDatabase for sqlx::Postgres {
     ) -> BoxFuture<'c, Result<bool, Error>> {
         Box::pin(super::postgres::complete(conn, key, owner, value, ttl))
     }
+
+    fn __execute<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> BoxFuture<'c, Result<(), Error>> {
+        execute(conn, sql)
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -167,6 +195,13 @@ impl TxDatabase for sqlx::MySql {
     ) -> BoxFuture<'c, Result<bool, Error>> {
         Box::pin(super::mysql::complete(conn, key, owner, value, ttl))
     }
+
+    fn __execute<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> BoxFuture<'c, Result<(), Error>> {
+        execute(conn, sql)
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -208,6 +243,13 @@ impl TxDatabase for sqlx::Sqlite {
         ttl: Duration,
     ) -> BoxFuture<'c, Result<bool, Error>> {
         Box::pin(super::sqlite::complete(conn, key, owner, value, ttl))
+    }
+
+    fn __execute<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'c str,
+    ) -> BoxFuture<'c, Result<(), Error>> {
+        execute(conn, sql)
     }
 }
 
