@@ -15,21 +15,36 @@ use crate::attr::{Config, Configuration, Errors, OnDuplicate, Strategy};
 /// the errors, so an editor still sees the function and one mistake does not cascade into
 /// "cannot find function" errors at every call site.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    on_fn(
+        item,
+        "#[idempotent] goes on an `async fn` with a body returning `Result<T, E>`",
+        |func| expand(args, func),
+        ToTokens::to_token_stream,
+    )
+}
+
+/// The frame of each attribute of this crate: parses `item` as a function and expands
+/// it. Anything else is an error saying where the attribute goes (`misplaced`); an
+/// expansion error is emitted next to `keep(func)`, the function as an editor should go
+/// on seeing it.
+pub(crate) fn on_fn(
+    item: TokenStream,
+    misplaced: &str,
+    expand: impl FnOnce(&ItemFn) -> syn::Result<TokenStream>,
+    keep: impl FnOnce(&ItemFn) -> TokenStream,
+) -> TokenStream {
     let func = match syn::parse2::<ItemFn>(item.clone()) {
         Ok(func) => func,
         Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "#[idempotent] goes on an `async fn` with a body returning `Result<T, E>`",
-            )
-            .to_compile_error();
+            let error = syn::Error::new(Span::call_site(), misplaced).to_compile_error();
             return quote!(#item #error);
         }
     };
-    match expand(args, &func) {
+    match expand(&func) {
         Ok(tokens) => tokens,
         Err(error) => {
             let error = error.to_compile_error();
+            let func = keep(&func);
             quote!(#func #error)
         }
     }

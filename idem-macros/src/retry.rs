@@ -169,24 +169,12 @@ impl Configuration {
 /// Expands `#[retry_on_conflict(args)] item`. On an error the original item is emitted
 /// next to it, so an editor keeps seeing the function.
 pub(crate) fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(func) => func,
-        Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "#[retry_on_conflict] goes on an `async fn` with a body returning `Result<T, E>`",
-            )
-            .to_compile_error();
-            return quote!(#item #error);
-        }
-    };
-    match expand(args, &func) {
-        Ok(tokens) => tokens,
-        Err(error) => {
-            let error = error.to_compile_error();
-            quote!(#func #error)
-        }
-    }
+    crate::expand::on_fn(
+        item,
+        "#[retry_on_conflict] goes on an `async fn` with a body returning `Result<T, E>`",
+        |func| expand(args, func),
+        ToTokens::to_token_stream,
+    )
 }
 
 fn expand(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {

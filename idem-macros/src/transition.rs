@@ -207,25 +207,12 @@ impl Configuration {
 /// Expands `#[transition(args)] item`. On an error the function is still emitted next to
 /// it, so an editor keeps seeing it (see `unexpanded`).
 pub(crate) fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
-    let func = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(func) => func,
-        Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "#[transition] goes on an `async fn` with a body returning `Result<Step<T>, E>`",
-            )
-            .to_compile_error();
-            return quote!(#item #error);
-        }
-    };
-    match expand(args, &func) {
-        Ok(tokens) => tokens,
-        Err(error) => {
-            let error = error.to_compile_error();
-            let func = unexpanded(&func);
-            quote!(#func #error)
-        }
-    }
+    crate::expand::on_fn(
+        item,
+        "#[transition] goes on an `async fn` with a body returning `Result<Step<T>, E>`",
+        |func| expand(args, func),
+        unexpanded,
+    )
 }
 
 /// The function as written, for when the attribute has an error. Its body yields
