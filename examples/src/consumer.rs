@@ -24,6 +24,8 @@
 //!
 //! Exits non-zero if any message was credited twice or not at all.
 
+mod runtime;
+
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -180,17 +182,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match idem_runtime::store::connect(&args.store).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("store {}: {e}", args.store);
-            return ExitCode::from(2);
-        }
+    let idem = match runtime::open(&args.store, "consumer", args.seed).await {
+        Ok(idem) => idem,
+        Err(code) => return code,
     };
-    let idem = Idem::builder()
-        .shared_store(store)
-        .namespace(format!("consumer-{}-{}", std::process::id(), args.seed))
-        .build();
     // The exact records live for the short window; the filter, sized for every id of
     // the run at 1%, remembers them all.
     let opts = Options::dedup("ledger::on_message").ttl(args.record_ttl);

@@ -21,6 +21,8 @@
 //! Exits non-zero if a unit was oversold, a customer got two units, an order was
 //! fulfilled twice, or units sold and stock left do not add up.
 
+mod runtime;
+
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,17 +169,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match idem_runtime::store::connect(&args.store).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("store {}: {e}", args.store);
-            return ExitCode::from(2);
-        }
+    let idem = match runtime::open(&args.store, "flash-sale", args.seed).await {
+        Ok(idem) => idem,
+        Err(code) => return code,
     };
-    let idem = Idem::builder()
-        .shared_store(store)
-        .namespace(format!("flash-sale-{}-{}", std::process::id(), args.seed))
-        .build();
     if let Err(e) = idem.compare_and_set(&STOCK, "sku-1", 0, args.units).await {
         eprintln!("could not stock the shelf: {e}");
         return ExitCode::FAILURE;

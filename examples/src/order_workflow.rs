@@ -22,6 +22,8 @@
 //! Exits non-zero if an order shipped twice, a cancelled order shipped, a delivered order
 //! did not ship, or any order ends outside the table.
 
+mod runtime;
+
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -149,17 +151,10 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let store = match idem_runtime::store::connect(&store_url).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("store {store_url}: {e}");
-            return ExitCode::from(2);
-        }
+    let idem = match runtime::open(&store_url, "order-workflow", seed).await {
+        Ok(idem) => idem,
+        Err(code) => return code,
     };
-    let idem = Idem::builder()
-        .shared_store(store)
-        .namespace(format!("order-workflow-{}-{seed}", std::process::id()))
-        .build();
     let flow = Arc::new(Workflow {
         idem,
         orders,
