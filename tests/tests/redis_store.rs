@@ -131,6 +131,53 @@ async fn round_trips_per_step() {
     assert_eq!(published, 0, "uncontended calls publish nothing");
 }
 
+/// A server that forgot its scripts (`SCRIPT FLUSH`, as after a restart or a failover)
+/// answers `NOSCRIPT`; every primitive loads its script again and carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_a_flush() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    let idem = idem_on(store.clone(), "noscript");
+    let token_opts = Options::token("redis_store::token");
+    for round in 0..3 {
+        server.cli(&["SCRIPT", "FLUSH"]);
+        let v: u8 = idem
+            .dedup(&DEDUP, format_args!("k{round}"), async {
+                Ok::<_, Error>(7)
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, 7);
+        server.cli(&["SCRIPT", "FLUSH"]);
+        idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })
+            .await
+            .unwrap();
+        server.cli(&["SCRIPT", "FLUSH"]);
+        let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+        let _: () = idem
+            .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async {
+                Ok(())
+            })
+            .await
+            .unwrap();
+        server.cli(&["SCRIPT", "FLUSH"]);
+        let key = idem.key(&DEDUP, format_args!("r{round}"));
+        let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(5000));
+        assert_eq!(
+            store.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { fence: 0 }
+        );
+        server.cli(&["SCRIPT", "FLUSH"]);
+        assert!(store.renew(&key, req.owner, ms(5000)).await.unwrap());
+        server.cli(&["SCRIPT", "FLUSH"]);
+        assert!(store.release(&key, req.owner).await.unwrap());
+    }
+    assert!(
+        server.calls("script|load") >= 12,
+        "scripts were loaded again"
+    );
+}
+
 /// A waiter sets the record's flag, so the completion publishes, and the waiter gets
 /// the twin's value (its lease is far longer than its wait, so only a wake-up or a
 /// re-check can deliver it).

@@ -13,7 +13,8 @@
 --          | {3, record} completed (the caller parses the record) | {4} missing token
 --          | {0, reason} corrupt.
 local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
-local kind = string.sub(claim, 3, 3)
+-- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 100 'd', 108 'l', 116 't'.
+local kind = string.byte(claim, 3)
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -39,7 +40,7 @@ local function fence()
   return c
 end
 
-if kind == 'l' then
+if kind == 108 then
   -- The common case in one command: the key is free.
   if redis.call('SET', rec, claim, 'NX', 'PX', lease) then
     local f = fence()
@@ -56,7 +57,7 @@ if type(v) == 'table' then
   return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
 end
 if not v then
-  if kind == 't' then
+  if kind == 116 then
     return {4}
   end
   -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
@@ -67,7 +68,7 @@ end
 
 -- Marks the record as waited on (keeping its expiry), so whoever ends it publishes.
 local function busy(w, left, fp)
-  if w ~= 'w' then
+  if w ~= 119 then
     redis.call('SETRANGE', rec, 1, 'w')
   end
   return {2, math.max(left, 0), fp}
@@ -77,7 +78,7 @@ local function take_token(w, te, now)
   local ld = now + tonumber(lease)
   redis.call('SET', rec, claim .. string.format('%015.0f%015.0f', ld, te),
     'PXAT', string.format('%.0f', math.max(ld, te)))
-  if w == 'w' then
+  if w == 119 then
     redis.call('PUBLISH', ARGV[3], rec)
   end
   return 0
@@ -90,15 +91,16 @@ local function digits(x)
   end
 end
 
-local s, w, k, n = string.sub(v, 1, 1), string.sub(v, 2, 2), string.sub(v, 3, 3), #v
-if s == 'c' then
+local s, w, k = string.byte(v, 1, 3)
+local n = #v
+if s == 99 then
   -- The caller parses (and checks) a completed record, as after its own SET NX GET.
   return {3, v}
-elseif s == 'p' then
-  if w ~= '-' and w ~= 'w' then
+elseif s == 112 then
+  if w ~= 45 and w ~= 119 then
     return {0, 'malformed in-progress record'}
   end
-  if k == 'd' or k == 'l' then
+  if k == 100 or k == 108 then
     if n ~= 19 and n ~= 35 then
       return {0, 'malformed in-progress record'}
     end
@@ -108,7 +110,7 @@ elseif s == 'p' then
       fp = string.sub(v, 20, 35)
     end
     return busy(w, redis.call('PTTL', rec), fp)
-  elseif k == 't' then
+  elseif k == 116 then
     if n ~= 49 and n ~= 65 then
       return {0, 'malformed in-progress record'}
     end
@@ -121,7 +123,7 @@ elseif s == 'p' then
       fp = string.sub(v, 20, 35)
     end
     local now = now_ms()
-    if ld > now or kind ~= 't' then
+    if ld > now or kind ~= 116 then
       return busy(w, ld - now, fp)
     end
     if te <= now then
@@ -131,8 +133,8 @@ elseif s == 'p' then
     return take_token(w, te, now)
   end
   return {0, 'malformed in-progress record'}
-elseif s == 'i' then
-  if n ~= 2 or (w ~= '-' and w ~= 'w') then
+elseif s == 105 then
+  if n ~= 2 or (w ~= 45 and w ~= 119) then
     return {0, 'malformed issued token'}
   end
   -- The token's deadline is the key's own expiry.
@@ -140,7 +142,7 @@ elseif s == 'i' then
   if left < 0 then
     return {0, 'issued token without an expiry'}
   end
-  if kind ~= 't' then
+  if kind ~= 116 then
     return busy(w, left, nil)
   end
   local now = now_ms()

@@ -17,19 +17,22 @@ if not v then
   return 0
 end
 -- The record's shape is checked before its owner, so garbage is reported, not ignored.
-local s, w, k, n = string.sub(v, 1, 1), string.sub(v, 2, 2), string.sub(v, 3, 3), #v
-if s == 'p' then
-  if (w ~= '-' and w ~= 'w') or not (((k == 'd' or k == 'l') and (n == 19 or n == 35))
-      or (k == 't' and (n == 49 or n == 65))) then
+-- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 102 'f', 100 'd',
+-- 108 'l', 116 't'.
+local s, w, k = string.byte(v, 1, 3)
+local n = #v
+if s == 112 then
+  if (w ~= 45 and w ~= 119) or not (((k == 100 or k == 108) and (n == 19 or n == 35))
+      or (k == 116 and (n == 49 or n == 65))) then
     return {0, 'malformed in-progress record'}
   end
-elseif s == 'c' then
-  if w ~= '-' and (w ~= 'f' or n < 18) then
+elseif s == 99 then
+  if w ~= 45 and (w ~= 102 or n < 18) then
     return {0, 'malformed completed record'}
   end
   return 0
-elseif s == 'i' then
-  if n ~= 2 or (w ~= '-' and w ~= 'w') then
+elseif s == 105 then
+  if n ~= 2 or (w ~= 45 and w ~= 119) then
     return {0, 'malformed issued token'}
   end
   return 0
@@ -40,7 +43,7 @@ if string.sub(v, 4, 19) ~= ARGV[1] then
   return 0
 end
 local fp
-if k == 't' then
+if k == 116 then
   -- A token claim outlives its lease (the record lasts until the token's deadline),
   -- so its lease is checked against the deadline it keeps.
   local ld = digits(string.sub(v, n - 29, n - 15))
@@ -63,7 +66,7 @@ if fp then
 else
   redis.call('SET', rec, 'c-' .. ARGV[2], 'PX', ARGV[3])
 end
-if w == 'w' then
+if w == 119 then
   redis.call('PUBLISH', ARGV[4], rec)
 end
 return 1

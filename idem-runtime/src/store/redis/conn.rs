@@ -135,13 +135,16 @@ impl Connections {
         &self.source
     }
 
-    /// A connection for one call (round-robin over the slots). Not bounded by itself: the
-    /// caller wraps it in the call's timeout.
-    pub(crate) async fn get(&self) -> Result<Lease, Error> {
+    /// A connection for one call (round-robin over the slots), if its slot has one;
+    /// else the slot to [`connect`](Self::connect). Never waits.
+    pub(crate) fn ready(&self) -> Result<Lease, usize> {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        if let Some(lease) = self.current(slot) {
-            return Ok(lease);
-        }
+        self.current(slot).ok_or(slot)
+    }
+
+    /// Fills `slot` with a connection from the pool (one caller connects, others wait).
+    /// Not bounded by itself: the caller wraps it in the call's timeout.
+    pub(crate) async fn connect(&self, slot: usize) -> Result<Lease, Error> {
         let s = &self.slots[slot];
         let _one = s.connecting.lock().await;
         if let Some(lease) = self.current(slot) {

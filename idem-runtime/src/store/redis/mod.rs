@@ -450,29 +450,8 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn command<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Error> {
-        let inner = &*self.inner;
-        let deadline = tokio::time::Instant::now() + inner.timeout;
-        let timed_out = || {
-            Error::store(TimedOut {
-                timeout: inner.timeout,
-            })
-        };
-        let mut lease = tokio::time::timeout_at(deadline, inner.conns.get())
-            .await
-            .map_err(|_| timed_out())??;
-        match tokio::time::timeout_at(deadline, cmd.query_async::<T>(&mut lease.conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                if is_transport_error(&e) {
-                    inner.conns.retire(&lease);
-                }
-                Err(Error::store(e))
-            }
-            Err(_) => {
-                inner.conns.retire(&lease);
-                Err(timed_out())
-            }
-        }
+        let v = self.exec(None, cmd).await?.map_err(Error::store)?;
+        redis::from_redis_value(v).map_err(Error::store)
     }
 
     /// Runs `cmd` on the store's connections, bounded by the timeout. If `cmd` is the
@@ -480,6 +459,10 @@ impl RedisStore {
     /// restarted or flushed server) and `cmd` sent again. A transport failure or a
     /// timeout is `Err` (and retires the connection: a hung connection would stall every
     /// call sharing it); an error reply from the server is `Ok(Err(_))`, for the caller.
+    ///
+    /// Every store call goes through here, and its future is part of every call's
+    /// (boxed, so copied once per call): the rare paths (connecting, reloading a script)
+    /// are boxed futures of their own to keep it small.
     async fn exec(
         &self,
         script: Option<&Script>,
@@ -492,17 +475,17 @@ impl RedisStore {
                 timeout: inner.timeout,
             })
         };
-        let mut lease = tokio::time::timeout_at(deadline, inner.conns.get())
-            .await
-            .map_err(|_| timed_out())??;
+        let mut lease = match inner.conns.ready() {
+            Ok(lease) => lease,
+            Err(slot) => Box::pin(tokio::time::timeout_at(deadline, inner.conns.connect(slot)))
+                .await
+                .map_err(|_| timed_out())??,
+        };
         let run = async {
             match cmd.query_async::<Value>(&mut lease.conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     match script {
-                        Some(script) => {
-                            script.load_async(&mut lease.conn).await?;
-                            cmd.query_async::<Value>(&mut lease.conn).await
-                        }
+                        Some(script) => Box::pin(reload(script, cmd, &mut lease.conn)).await,
                         None => Err(e),
                     }
                 }
@@ -556,6 +539,17 @@ fn install_tls_provider(url: &str) {
     }
     #[cfg(not(feature = "tls"))]
     let _ = url;
+}
+
+/// Loads `script` (the server answered `NOSCRIPT`: it restarted or was flushed) and
+/// sends its `EVALSHA` again.
+async fn reload(
+    script: &Script,
+    cmd: &Cmd,
+    conn: &mut self::conn::Conn,
+) -> Result<Value, RedisError> {
+    script.load_async(conn).await?;
+    cmd.query_async::<Value>(conn).await
 }
 
 /// The call got no answer within the store's timeout.
