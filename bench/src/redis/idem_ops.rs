@@ -11,7 +11,9 @@ use super::turns::{Op, op};
 static NEW: Options = Options::dedup("bench::dedup").ttl(Duration::from_secs(30));
 static REPLAY: Options = Options::dedup("bench::replay").ttl(Duration::from_secs(300));
 static LOCK: Options = Options::lock("bench::lock");
-static TOKEN: Options = Options::token("bench::token");
+// Consumed tokens are completed records: keep them briefly, like new keys, so runs do not
+// fill the server (the default ttl is a day).
+static TOKEN: Options = Options::token("bench::token").ttl(Duration::from_secs(30));
 
 pub(crate) const DEDUP_NEW: &str = "dedup new key";
 pub(crate) const DEDUP_REPLAY: &str = "dedup replay";

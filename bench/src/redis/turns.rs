@@ -168,47 +168,43 @@ async fn one_slice(
 /// The six rows of issue 3 at `tasks`: raw 1 RT, raw 2 RT, dedup new, dedup replay, lock,
 /// token, measured in turns through the same connections.
 pub(crate) async fn issue3(ctx: &Ctx, tasks: usize) -> [Row; 6] {
-    use super::{baseline, idem_ops};
     let mut ctx = ctx.clone();
     ctx.find_server().await;
     let ctx = &ctx;
     super::idem_ops::seed_replay(ctx, tasks).await;
-    let cases = vec![
-        Case::new(
-            "baseline",
-            baseline::ONE_RT,
-            tasks,
-            baseline::set_nx_px(ctx),
-        ),
-        Case::new(
-            "baseline",
-            baseline::TWO_RT,
-            tasks,
-            baseline::set_nx_px_del(ctx),
-        ),
-        Case::new("idem", idem_ops::DEDUP_NEW, tasks, idem_ops::dedup_new(ctx)),
-        Case::new(
-            "idem",
-            idem_ops::DEDUP_REPLAY,
-            tasks,
-            idem_ops::dedup_replay(ctx),
-        ),
-        Case::new(
-            "idem",
-            idem_ops::LOCK_CYCLE,
-            tasks,
-            idem_ops::lock_cycle(ctx),
-        ),
-        Case::new(
-            "idem",
-            idem_ops::TOKEN_CYCLE,
-            tasks,
-            idem_ops::token_cycle(ctx),
-        ),
-    ];
+    let cases = ISSUE3
+        .iter()
+        .map(|(_, group, name, make)| Case::new(group, name, tasks, make(ctx)))
+        .collect();
     let rows = run(cases, tasks, ctx.secs, ctx.server_pid).await;
     let Ok(rows) = <[Row; 6]>::try_from(rows) else {
         unreachable!("six cases give six rows")
     };
     rows
 }
+
+/// An operation's constructor.
+pub(crate) type Make = fn(&Ctx) -> Op;
+
+/// Issue 3's cases: a short name (for `idem-bench-redis --case`), group, case, operation.
+pub(crate) const ISSUE3: [(&str, &str, &str, Make); 6] = {
+    use super::{baseline, idem_ops};
+    [
+        ("one", "baseline", baseline::ONE_RT, baseline::set_nx_px),
+        ("two", "baseline", baseline::TWO_RT, baseline::set_nx_px_del),
+        ("new", "idem", idem_ops::DEDUP_NEW, idem_ops::dedup_new),
+        (
+            "replay",
+            "idem",
+            idem_ops::DEDUP_REPLAY,
+            idem_ops::dedup_replay,
+        ),
+        ("lock", "idem", idem_ops::LOCK_CYCLE, idem_ops::lock_cycle),
+        (
+            "token",
+            "idem",
+            idem_ops::TOKEN_CYCLE,
+            idem_ops::token_cycle,
+        ),
+    ]
+};

@@ -1,0 +1,56 @@
+//! Issue 3's Redis cases on their own, for profiling one at a time:
+//! `idem-bench-redis [--redis URL] [--secs N] [--tasks N] [--case NAME]...`
+//!
+//! Cases (default all, in turns as in the main load program): `one` (raw `SET NX PX`),
+//! `two` (raw `SET NX PX` + `DEL`), `new` (dedup new key), `replay`, `lock`, `token`.
+//! Each line gives ops/s and the CPU time per operation of this process and of the
+//! server (when it runs on this machine). The same cases run from `idem-bench --cases redis`.
+#![allow(dead_code)]
+
+#[path = "../redis/mod.rs"]
+mod redis;
+#[path = "../runner.rs"]
+mod runner;
+#[path = "../stats.rs"]
+mod stats;
+
+use redis::turns::{Case, ISSUE3};
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let mut url = "redis://127.0.0.1:6379".to_owned();
+    let (mut secs, mut tasks) = (2.0f64, 50usize);
+    let mut names: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().ok_or(format!("{what} takes a value"));
+        match a.as_str() {
+            "--redis" => url = value("--redis")?,
+            "--secs" => {
+                secs = value("--secs")?
+                    .parse()
+                    .map_err(|e| format!("--secs: {e}"))?
+            }
+            "--tasks" => {
+                tasks = value("--tasks")?
+                    .parse()
+                    .map_err(|e| format!("--tasks: {e}"))?
+            }
+            "--case" => names.push(value("--case")?),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    let mut ctx = redis::Ctx::new(&url, secs, idem_runtime::store::redis::DEFAULT_CONNECTIONS)?;
+    ctx.find_server().await;
+    redis::idem_ops::seed_replay(&ctx, tasks).await;
+    let cases: Vec<Case> = ISSUE3
+        .iter()
+        .filter(|(short, ..)| names.is_empty() || names.iter().any(|n| n == short))
+        .map(|(_, group, name, make)| Case::new(group, name, tasks, make(&ctx)))
+        .collect();
+    if cases.is_empty() {
+        return Err("no such case; pick from one, two, new, replay, lock, token".into());
+    }
+    redis::turns::run(cases, tasks, secs, ctx.server_pid).await;
+    Ok(())
+}
