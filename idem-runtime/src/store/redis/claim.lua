@@ -40,9 +40,12 @@ local function fence()
   return c
 end
 
+local v
 if kind == 108 then
-  -- The common case in one command: the key is free.
-  if redis.call('SET', rec, claim, 'NX', 'PX', lease) then
+  -- The common case in one command: the key is free (no reply: set). Otherwise the
+  -- reply is what holds the key, read in the same step.
+  v = redis.pcall('SET', rec, claim, 'NX', 'GET', 'PX', lease)
+  if not v then
     local f = fence()
     if not f then
       redis.call('DEL', rec)
@@ -50,9 +53,9 @@ if kind == 108 then
     end
     return f
   end
+else
+  v = redis.pcall('GET', rec)
 end
-
-local v = redis.pcall('GET', rec)
 if type(v) == 'table' then
   return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
 end
@@ -61,7 +64,7 @@ if not v then
     return {4}
   end
   -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
-  -- its SET NX just failed, so the key exists).
+  -- its SET NX GET has just set the key).
   redis.call('SET', rec, claim, 'PX', lease)
   return 0
 end
