@@ -8,7 +8,6 @@
 //! this machine): a measure of cost that a busy machine disturbs far less than ops/s.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,9 +20,19 @@ const ROUNDS: u32 = 5;
 /// Unmeasured time at the start of each slice, while the tasks get going.
 const WARMUP: Duration = Duration::from_millis(40);
 
-type OpFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-/// One operation: `op(task, i)`, with `i` distinct per task across all of a case's slices.
-pub(crate) type Op = Arc<dyn Fn(usize, u64) -> OpFuture + Send + Sync>;
+/// What one slice's tasks share: the per-task next `i`, and the stop and measuring flags.
+#[derive(Clone)]
+pub(crate) struct Slice {
+    next: Arc<Vec<AtomicU64>>,
+    stop: Arc<AtomicBool>,
+    measuring: Arc<AtomicBool>,
+}
+
+/// One operation, `op(task, i)` with `i` distinct per task across all of a case's
+/// slices, as the spawner of a slice's tasks. The loop around the operation is generic,
+/// so its future is awaited in place (a boxed future per operation would add a copy of
+/// the whole future to every call, more for idem's larger futures than for a raw command).
+pub(crate) type Op = Arc<dyn Fn(usize, &Slice) -> tokio::task::JoinHandle<Vec<u64>> + Send + Sync>;
 
 /// Wraps a closure returning a future as an [`Op`].
 pub(crate) fn op<F, Fut>(f: F) -> Op
@@ -31,7 +40,24 @@ where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
-    Arc::new(move |t, i| Box::pin(f(t, i)) as OpFuture)
+    let f = Arc::new(f);
+    Arc::new(move |t, slice: &Slice| {
+        let (f, s) = (f.clone(), slice.clone());
+        tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 12);
+            while !s.stop.load(Ordering::Relaxed) {
+                let i = s.next[t].fetch_add(1, Ordering::Relaxed);
+                let start = Instant::now();
+                if let Err(e) = f(t, i).await {
+                    panic!("operation failed: {e}");
+                }
+                if s.measuring.load(Ordering::Relaxed) {
+                    lat.push(start.elapsed().as_nanos() as u64);
+                }
+            }
+            lat
+        })
+    })
 }
 
 /// One case: its name, operation, and what its slices gathered.
@@ -123,31 +149,13 @@ async fn one_slice(
     slice: Duration,
     server: Option<u32>,
 ) -> (Duration, Vec<u64>, (u64, u64)) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let mut handles = Vec::with_capacity(tasks);
-    for t in 0..tasks {
-        let (op, next, stop, measuring) = (
-            case.op.clone(),
-            case.next.clone(),
-            stop.clone(),
-            measuring.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(1 << 12);
-            while !stop.load(Ordering::Relaxed) {
-                let i = next[t].fetch_add(1, Ordering::Relaxed);
-                let start = Instant::now();
-                if let Err(e) = op(t, i).await {
-                    panic!("operation failed: {e}");
-                }
-                if measuring.load(Ordering::Relaxed) {
-                    lat.push(start.elapsed().as_nanos() as u64);
-                }
-            }
-            lat
-        }));
-    }
+    let slice_ctl = Slice {
+        next: case.next.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        measuring: Arc::new(AtomicBool::new(false)),
+    };
+    let handles: Vec<_> = (0..tasks).map(|t| (case.op)(t, &slice_ctl)).collect();
+    let (stop, measuring) = (&slice_ctl.stop, &slice_ctl.measuring);
     tokio::time::sleep(WARMUP).await;
     let cpu0 = cpu_now(server);
     measuring.store(true, Ordering::Relaxed);
