@@ -545,7 +545,10 @@ async fn replays_clone_a_decoded_value_and_never_outlive_the_record() {
             let cloned = counted(7, "a", 100).await.unwrap();
             assert_eq!((cloned.order, cloned.note.as_str()), (7, "a/100"));
             // The record keeps a copy of the decoded value; each replay clones that.
-            assert_eq!(cloned.clones, 2, "a clone of the kept copy of the decoded value");
+            assert_eq!(
+                cloned.clones, 2,
+                "a clone of the kept copy of the decoded value"
+            );
         }
         assert_eq!(COUNTED_RUNS.load(Ordering::SeqCst), 1);
         // The fast path still checks the fingerprint.

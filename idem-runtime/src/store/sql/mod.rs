@@ -51,13 +51,13 @@ use super::{
 };
 use crate::{Error, Fingerprint, Key};
 
+mod in_tx;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod in_tx;
 mod toolbox;
 mod tx;
 
