@@ -460,6 +460,55 @@ async fn token_claims_return_to_issued() {
     );
 }
 
+/// Renewing a token claim moves the lease deadline kept in the record (and the key's
+/// expiry with it): past the old lease, the claim is still held and its owner completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_claims_renew_their_lease() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let ns: Arc<str> = Arc::from(harness::unique("token-renew").as_str());
+    let key = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "tok");
+    let mut c = raw(url).await;
+    assert!(store.issue(&key, ms(1500)).await.unwrap());
+    let a = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(300))
+        .with_fingerprint(Some(idem_runtime::Fingerprint([5; 16])));
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    assert!(
+        store
+            .renew(&key, a.owner, Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+    let pttl: i64 = c.pttl(store.record_name(&key)).await.unwrap();
+    assert!(
+        pttl > 3000,
+        "the key lives as long as the renewed lease: {pttl}"
+    );
+    tokio::time::sleep(ms(400)).await;
+    let b = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(300));
+    match store.claim(&key, &b).await.unwrap() {
+        ClaimOutcome::Busy { fingerprint, .. } => {
+            assert_eq!(fingerprint, Some(idem_runtime::Fingerprint([5; 16])));
+        }
+        other => panic!("the renewed claim was taken over: {other:?}"),
+    }
+    assert!(
+        store
+            .complete(&key, a.owner, Bytes::from_static(b"done"), ms(5000))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &b).await.unwrap(),
+        ClaimOutcome::Completed { value, fingerprint }
+            if value == Bytes::from_static(b"done")
+                && fingerprint == Some(idem_runtime::Fingerprint([5; 16]))
+    ));
+}
+
 /// Fences keep increasing after the counter is deleted (it restarts from the clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_survive_a_lost_counter() {
