@@ -2,7 +2,9 @@
 //! `idem-bench-redis [--redis URL] [--secs N] [--tasks N] [--case NAME]...`
 //!
 //! Cases (default all, in turns as in the main load program): `one` (raw `SET NX PX`),
-//! `two` (raw `SET NX PX` + `DEL`), `new` (dedup new key), `replay`, `lock`, `token`.
+//! `two` (raw `SET NX PX` + `DEL`), `new` (dedup new key), `replay`, `lock`, `token`; and,
+//! only when named, `two-keep` (raw `SET NX PX` + `SET XX PX`: the key is kept 30 s, as a
+//! dedup record is, which shows what keeping records costs the server apart from scripts).
 //! Each line gives ops/s and the CPU time per operation of this process and of the
 //! server (when it runs on this machine). The same cases run from `idem-bench --cases redis`.
 #![allow(dead_code)]
@@ -14,7 +16,7 @@ mod runner;
 #[path = "../stats.rs"]
 mod stats;
 
-use redis::turns::{Case, ISSUE3};
+use redis::turns::{Case, EXTRA, ISSUE3};
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
@@ -46,10 +48,15 @@ async fn main() -> Result<(), String> {
     let cases: Vec<Case> = ISSUE3
         .iter()
         .filter(|(short, ..)| names.is_empty() || names.iter().any(|n| n == short))
+        .chain(
+            EXTRA
+                .iter()
+                .filter(|(short, ..)| names.iter().any(|n| n == short)),
+        )
         .map(|(_, group, name, make)| Case::new(group, name, tasks, make(&ctx)))
         .collect();
     if cases.is_empty() {
-        return Err("no such case; pick from one, two, new, replay, lock, token".into());
+        return Err("no such case; pick from one, two, new, replay, lock, token, two-keep".into());
     }
     redis::turns::run(cases, tasks, secs, ctx.server_pid).await;
     Ok(())

@@ -216,3 +216,12 @@ pub(crate) const ISSUE3: [(&str, &str, &str, Make); 6] = {
         ),
     ]
 };
+
+/// Diagnostic cases outside issue 3's table (`idem-bench-redis --case NAME` only).
+#[allow(dead_code)] // The main load program does not run them.
+pub(crate) const EXTRA: [(&str, &str, &str, Make); 1] = [(
+    "two-keep",
+    "baseline",
+    super::baseline::TWO_RT_KEEP,
+    super::baseline::set_nx_px_set_xx,
+)];
