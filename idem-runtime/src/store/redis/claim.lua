@@ -16,42 +16,30 @@ local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
 -- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 100 'd', 108 'l', 116 't'.
 local kind = string.byte(claim, 3)
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- Strictly increasing per key even after the counter expires: a new counter starts at
--- the Redis clock in microseconds, above anything an INCR could have reached (at most
--- one per microsecond since the old one started). So the counter's expiry is set when
--- it starts and never pushed back: it only bounds memory, and the common path is one
--- INCR.
-local function fence()
-  local c = redis.pcall('INCR', KEYS[2])
-  if type(c) ~= 'number' then
-    return nil
-  end
-  if c == 1 then
-    local t = redis.call('TIME')
-    local seed = t[1] .. string.sub('000000' .. t[2], -6)
-    redis.call('SET', KEYS[2], seed, 'PX', ARGV[3])
-    return tonumber(seed)
-  end
-  return c
-end
-
 local v
 if kind == 108 then
   -- The common case in one command: the key is free (no reply: set). Otherwise the
-  -- reply is what holds the key, read in the same step.
+  -- reply is what holds the key, read in the same step. (Inline, as every step before
+  -- the busy path is: a local function is a closure made anew on each call.)
   v = redis.pcall('SET', rec, claim, 'NX', 'GET', 'PX', lease)
   if not v then
-    local f = fence()
-    if not f then
+    -- Fences are strictly increasing per key even after the counter expires: a new
+    -- counter starts at the Redis clock in microseconds, above anything an INCR could
+    -- have reached (at most one per microsecond since the old one started). So the
+    -- counter's expiry is set when it starts and never pushed back: it only bounds
+    -- memory, and the common path is one INCR.
+    local c = redis.pcall('INCR', KEYS[2])
+    if type(c) ~= 'number' then
       redis.call('DEL', rec)
       return {0, 'fence counter is not an integer'}
     end
-    return f
+    if c == 1 then
+      local t = redis.call('TIME')
+      local seed = t[1] .. string.sub('000000' .. t[2], -6)
+      redis.call('SET', KEYS[2], seed, 'PX', ARGV[3])
+      return tonumber(seed)
+    end
+    return c
   end
 else
   v = redis.pcall('GET', rec)
@@ -67,6 +55,11 @@ if not v then
   -- its SET NX GET has just set the key).
   redis.call('SET', rec, claim, 'PX', lease)
   return 0
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- Marks the record as waited on (keeping its expiry), so whoever ends it publishes.

@@ -4,12 +4,6 @@
 -- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] channel.
 -- Replies 1 (released), 0 (not the holder), or {0, reason} (corrupt).
 local rec = KEYS[1]
--- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
-local function digits(x)
-  if not string.find(x, '%D') then
-    return tonumber(x)
-  end
-end
 local v = redis.pcall('GET', rec)
 if type(v) == 'table' then
   return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
@@ -44,7 +38,9 @@ if string.sub(v, 4, 19) ~= ARGV[1] then
   return 0
 end
 if k == 116 then
-  local te = digits(string.sub(v, n - 14))
+  -- (15 decimal digits, ms by the Redis clock)
+  local te = string.sub(v, n - 14)
+  te = not string.find(te, '%D') and tonumber(te)
   if not te then
     return {0, 'token claim without its deadlines'}
   end

@@ -3,12 +3,6 @@
 -- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] lease in ms (>= 1).
 -- Replies 1 (renewed), 0 (lease lost), or {0, reason} (corrupt).
 local rec = KEYS[1]
--- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
-local function digits(x)
-  if not string.find(x, '%D') then
-    return tonumber(x)
-  end
-end
 local v = redis.pcall('GET', rec)
 if type(v) == 'table' then
   return {0, 'not an idem record (' .. tostring(v['err']) .. ')'}
@@ -47,7 +41,10 @@ if k ~= 116 then
   redis.call('PEXPIRE', rec, ARGV[2])
   return 1
 end
-local ld, te = digits(string.sub(v, n - 29, n - 15)), digits(string.sub(v, n - 14))
+-- Its two deadlines: 15 decimal digits each, ms by the Redis clock.
+local ld, te = string.sub(v, n - 29, n - 15), string.sub(v, n - 14)
+ld = not string.find(ld, '%D') and tonumber(ld)
+te = not string.find(te, '%D') and tonumber(te)
 if not ld or not te then
   return {0, 'token claim without its deadlines'}
 end
