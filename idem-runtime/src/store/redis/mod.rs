@@ -18,7 +18,8 @@
 //! - issued token: `i` and the waited flag; the key's expiry is the token's.
 //!
 //! Anything else under a record's name (another type, an unknown state byte, a record
-//! cut short) is reported as [`Error::Corrupt`], never replayed. Needs Redis 7.0 or
+//! cut short) is reported as [`Error::Corrupt`], never replayed; that includes the hash
+//! records of idem versions before this layout, until they expire. Needs Redis 7.0 or
 //! later (`SET … NX GET`).
 //!
 //! # Round trips
@@ -33,8 +34,9 @@
 //! - Completion, release and renewal are small scripts: read the record, compare the
 //!   owner's bytes, then `SET … PX`, `DEL` or `PEXPIRE`, and `PUBLISH` only if somebody
 //!   waited.
-//! - A lock acquisition is one script (`SET … NX PX`, then the fence counter's `INCR`);
-//!   a release one more.
+//! - A lock acquisition is one script (`SET … NX GET PX`, then the fence counter's
+//!   `INCR`; the counter's expiry is set when it starts, and a new one starts from the
+//!   Redis clock in microseconds, so fences only grow); a release one more.
 //! - Issuing a token is `SET rec i- NX PX ttl`; consuming it a claim script and a completion.
 //!
 //! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a token
