@@ -358,6 +358,7 @@ macro_rules! sql_store_tests {
             order: u64,
             runs: &AtomicUsize,
             fail: bool,
+            pause: Duration,
         ) -> Result<u64, Error> {
             runs.fetch_add(1, Ordering::SeqCst);
             sqlx::query(AssertSqlSafe(format!(
@@ -370,7 +371,7 @@ macro_rules! sql_store_tests {
                 return Err(Error::Config("declined".into()));
             }
             // Long enough for concurrent duplicates to meet the open transaction.
-            tokio::time::sleep(ms(50)).await;
+            tokio::time::sleep(pause).await;
             Ok(order * 10)
         }
 
@@ -383,6 +384,10 @@ macro_rules! sql_store_tests {
             let rows = |k: &str| count(&s, format!("SELECT COUNT(*) FROM {table} WHERE k = '{k}'"));
             let pool = s.$pool().expect("pool").clone();
             let sqlite = s.name() == "sql-sqlite";
+            // SQLite serializes whole write transactions (BEGIN IMMEDIATE), so duplicates
+            // meet the first one at BEGIN anyway; holding the file's only write lock
+            // longer would only slow the other tests sharing the file.
+            let pause = if sqlite { ms(1) } else { ms(50) };
             // SQLite: a transaction that will write must say so up front, or a concurrent
             // commit makes its snapshot stale and every later write in it fails.
             let begin = move |pool: sqlx::Pool<$db>| async move {
@@ -394,7 +399,7 @@ macro_rules! sql_store_tests {
                 // inside another transaction without running or writing.
                 for _ in 0..2 {
                     let mut tx = begin(pool.clone()).await.unwrap();
-                    assert_eq!(place_order(&mut tx, &table, 1, &runs, false).await.unwrap(), 10);
+                    assert_eq!(place_order(&mut tx, &table, 1, &runs, false, pause).await.unwrap(), 10);
                     tx.commit().await.unwrap();
                 }
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -403,11 +408,11 @@ macro_rules! sql_store_tests {
                 // Rolled back by the caller: neither the row nor the record is left, so the
                 // next call runs (once) and its commit holds.
                 let mut tx = begin(pool.clone()).await.unwrap();
-                assert_eq!(place_order(&mut tx, &table, 2, &runs, false).await.unwrap(), 20);
+                assert_eq!(place_order(&mut tx, &table, 2, &runs, false, pause).await.unwrap(), 20);
                 tx.rollback().await.unwrap();
                 assert_eq!(rows("order:2").await, 0);
                 let mut tx = begin(pool.clone()).await.unwrap();
-                assert_eq!(place_order(&mut tx, &table, 2, &runs, false).await.unwrap(), 20);
+                assert_eq!(place_order(&mut tx, &table, 2, &runs, false, pause).await.unwrap(), 20);
                 tx.commit().await.unwrap();
                 assert_eq!((runs.load(Ordering::SeqCst), rows("order:2").await), (3, 1));
 
@@ -418,12 +423,12 @@ macro_rules! sql_store_tests {
                     .execute(&mut *tx)
                     .await
                     .unwrap();
-                let r = place_order(&mut tx, &table, 3, &runs, true).await;
+                let r = place_order(&mut tx, &table, 3, &runs, true, pause).await;
                 assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
                 tx.commit().await.unwrap();
                 assert_eq!((rows("mine").await, rows("order:3").await), (1, 0));
                 let mut tx = begin(pool.clone()).await.unwrap();
-                assert_eq!(place_order(&mut tx, &table, 3, &runs, false).await.unwrap(), 30);
+                assert_eq!(place_order(&mut tx, &table, 3, &runs, false, pause).await.unwrap(), 30);
                 tx.commit().await.unwrap();
                 assert_eq!(rows("order:3").await, 1);
 
@@ -444,7 +449,7 @@ macro_rules! sql_store_tests {
                 tasks.push(tokio::spawn(async move {
                     idem.scope(async {
                         let mut tx = begin(pool.clone()).await.unwrap();
-                        let v = place_order(&mut tx, &table, 4, &runs, false).await;
+                        let v = place_order(&mut tx, &table, 4, &runs, false, pause).await;
                         tx.commit().await.unwrap();
                         v
                     })
