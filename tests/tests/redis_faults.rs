@@ -117,11 +117,7 @@ fn child() {
             // 50 tasks on 10 keys; the body counts its runs in Redis (the effect), and the
             // values every caller got are printed for the parent to compare.
             "race" => {
-                let mut raw = redis::Client::open(url.as_str())
-                    .unwrap()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .unwrap();
+                let mut raw = harness::raw_connection(url.as_str()).await;
                 println!("READY");
                 let mut tasks = Vec::new();
                 for i in 0..50u64 {
@@ -274,11 +270,7 @@ async fn two_processes_run_each_key_once() {
             "key {k} got different values: {vs:?}"
         );
     }
-    let mut raw = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = harness::raw_connection(url).await;
     for k in 0..10 {
         let runs: i64 = raw.get(format!("{ns}:runs:{k}")).await.unwrap();
         assert_eq!(runs, 1, "key {k} ran {runs} times across the two processes");

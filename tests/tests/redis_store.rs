@@ -28,11 +28,7 @@ fn idem_on(store: RedisStore, name: &str) -> Idem {
 }
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+    harness::raw_connection(url).await
 }
 
 static DEDUP: Options = Options::dedup("redis_store::dedup");

@@ -35,11 +35,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn raw() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(harness::shared_url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to the shared Redis")
+    harness::raw_connection(harness::shared_url()).await
 }
 
 /// A filter for 10,000,000 ids at 1% is a bitmap of 95,850,584 bits (in 1 MiB shards plus

@@ -17,6 +17,26 @@ use std::time::{Duration, Instant};
 /// The machine's shared server, used with a unique namespace per test.
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
+/// A plain connection for a test to look at (or write to) a server directly.
+///
+/// Without redis-rs' default 500 ms response timeout: while every test of a binary runs
+/// at once (Bloom bitmaps, races, scripts), the shared server may take longer than that
+/// to get to a `KEYS` or `MEMORY USAGE`, which is load, not a failure of the code under
+/// test. The connection attempt itself is still bounded.
+pub async fn raw_connection(
+    url: &str,
+) -> idem_runtime::store::redis::redis::aio::MultiplexedConnection {
+    use idem_runtime::store::redis::redis;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(None);
+    redis::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect to Redis")
+}
+
 /// Fails loudly, saying how to start it, if the shared server is not there.
 pub fn shared_url() -> &'static str {
     if !ping(6379, Duration::from_secs(2)) {
