@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use harness::{Proxy, RedisServer};
-use idem_runtime::store::redis::redis::{self, AsyncCommands};
+use idem_runtime::store::redis::redis::AsyncCommands;
 use idem_runtime::{
     ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Options, Owner, RedisStore, Store,
 };
