@@ -127,3 +127,142 @@ idem_runtime::conformance_tests!(conformance_async_claims, || async {
     std::sync::Arc::new(super::store().await.with_async_claim_commit(true))
         as std::sync::Arc<dyn idem_runtime::Store>
 });
+
+/// A store on a pool of `n` connections, so that concurrent calls queue and go out in
+/// batches (claims and completions of one process share statements under load).
+async fn small_store(n: u32) -> SqlStore {
+    use idem_runtime::store::sql::sqlx::postgres::PgPoolOptions;
+    let pool = PgPoolOptions::new()
+        .max_connections(n)
+        .connect(&url())
+        .await
+        .expect("connect");
+    SqlStore::from_pg_pool(pool).await.unwrap()
+}
+
+/// Many calls on many keys, two per key, through two connections: every key's body
+/// runs once, and both calls of a key get that key's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_calls_answer_each_key() {
+    let s = small_store(2).await;
+    let idem = idem_for(&s, &unique("batch"));
+    static SLOW: Options = Options::dedup("sql::batch").wait(Duration::from_secs(60));
+    let keys = 100u64;
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..keys).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for i in 0..2 * keys {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        let k = i % keys;
+        tasks.push(tokio::spawn(async move {
+            let v: u64 = idem
+                .dedup(&SLOW, k, async move {
+                    runs[k as usize].fetch_add(1, Ordering::SeqCst);
+                    Ok::<u64, Error>(k * 10 + i / keys)
+                })
+                .await
+                .expect("every call gets an answer");
+            (k, v)
+        }));
+    }
+    let mut answers = vec![Vec::new(); keys as usize];
+    for t in tasks {
+        let (k, v) = t.await.unwrap();
+        answers[k as usize].push(v);
+    }
+    for k in 0..keys as usize {
+        assert_eq!(runs[k].load(Ordering::SeqCst), 1, "key {k} ran once");
+        let a = &answers[k];
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], a[1], "both calls of key {k} get its value");
+        assert_eq!(a[0] / 10, k as u64, "key {k} got its own value: {a:?}");
+    }
+}
+
+/// Completions sent together are decided per record: the owner's complete, a stranger's
+/// does not, whatever else is in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_completions_check_each_owner() {
+    let s = Arc::new(small_store(2).await);
+    let idem = idem_for(&s, &unique("batch-owner"));
+    let lease = Duration::from_secs(60);
+    let mut keys = Vec::new();
+    for i in 0..60u32 {
+        let key = idem.key(&DEDUP, format_args!("k{i}"));
+        let owner = Owner::next();
+        let req = ClaimRequest::new(ClaimKind::Dedup, owner, lease);
+        assert!(matches!(
+            s.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        keys.push((key, owner));
+    }
+    let mut tasks = Vec::new();
+    for (i, (key, owner)) in keys.iter().copied().enumerate() {
+        let s = s.clone();
+        let honest = i % 2 == 0;
+        let who = if honest { owner } else { Owner::next() };
+        tasks.push(tokio::spawn(async move {
+            let done = s
+                .complete(&key, who, bytes::Bytes::from(vec![i as u8; 8]), lease)
+                .await
+                .unwrap();
+            (honest, done)
+        }));
+    }
+    for t in tasks {
+        let (honest, done) = t.await.unwrap();
+        assert_eq!(honest, done, "only the owner completes");
+    }
+    for (i, (key, _)) in keys.iter().enumerate() {
+        let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), lease);
+        match s.claim(key, &req).await.unwrap() {
+            ClaimOutcome::Completed { value, .. } if i % 2 == 0 => {
+                assert_eq!(&value[..], &[i as u8; 8][..]);
+            }
+            ClaimOutcome::Busy { .. } if i % 2 == 1 => {}
+            other => panic!("key {i}: {other:?}"),
+        }
+    }
+}
+
+/// A key held by an open transactional-mode call, claimed among many others through a
+/// busy pool: the others are claimed and complete; that key alone is in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_with_a_key_held_by_a_transaction() {
+    use idem_runtime::store::sql::Begun;
+    let s = small_store(3).await;
+    let idem = idem_for(&s, &unique("batch-tx"));
+    static NOW: Options = Options::dedup("sql::batch-tx").wait(Duration::ZERO);
+    let held = idem.key(&NOW, format_args!("held"));
+    let Begun::Claimed(tx) = s.begin::<sqlx::Postgres, u64>(&NOW, &held).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    let mut tasks = Vec::new();
+    for i in 0..40u64 {
+        let idem = idem.clone();
+        tasks.push(tokio::spawn(async move {
+            if i == 20 {
+                let r: Result<u64, Error> = idem.dedup(&NOW, "held", async { Ok(1) }).await;
+                (i, r)
+            } else {
+                (
+                    i,
+                    idem.dedup(&NOW, i, async move { Ok::<u64, Error>(i) })
+                        .await,
+                )
+            }
+        }));
+    }
+    for t in tasks {
+        match t.await.unwrap() {
+            (20, r) => assert!(matches!(r, Err(Error::InProgress { .. })), "{r:?}"),
+            (i, r) => assert_eq!(r.unwrap(), i),
+        }
+    }
+    assert_eq!(tx.commit(7u64).await.unwrap(), 7);
+    let v: u64 = idem
+        .dedup(&NOW, "held", async { Ok::<u64, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(v, 7);
+}

@@ -12,6 +12,13 @@
 //! | claim (replay) | 1 (the CTE's read; no write, no row lock) | 1 | 2 | 1 (a read, no write lock) |
 //! | complete, release, renew | 1 `UPDATE … WHERE owner = ?` | 1 | 1 | 1 |
 //!
+//! On PostgreSQL, when the store is busy (calls of this process queueing for
+//! connections), concurrent dedup and lock claims, and concurrent completions, are sent
+//! together: one statement, one round trip and one commit for a batch of keys, each still
+//! decided on its own by the same conditions (the `batch` module). A new key then costs
+//! a fraction of two commits instead of two whole ones; an idle store runs each call
+//! alone, as in the table.
+//!
 //! Lock fences are `max(previous + 1, the database clock in µs)`: strictly increasing
 //! per key while the row exists (a released lock keeps its row for an hour), and still
 //! increasing after the row is purged, because the clock has moved on since.
@@ -51,6 +58,8 @@ use super::{
 };
 use crate::{Error, Fingerprint, Key};
 
+#[cfg(feature = "postgres")]
+mod batch;
 mod in_tx;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -305,6 +314,62 @@ pub struct SqlStore {
     timeout: Duration,
     async_claim_commit: bool,
     watchers: Arc<Watchers>,
+    /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
+    #[cfg(feature = "postgres")]
+    batches: Arc<PgBatches>,
+}
+
+/// The batch queues of a PostgreSQL store.
+#[cfg(feature = "postgres")]
+struct PgBatches {
+    claims: Arc<batch::Batcher<postgres::Claims>>,
+    async_claims: Arc<batch::Batcher<postgres::Claims>>,
+    completions: Arc<batch::Batcher<postgres::Completions>>,
+    /// Keys whose claim found the row locked by an open transaction (a transactional-mode
+    /// twin), and when. Their claims stay out of batches for [`HELD_ALONE`], so one
+    /// long-held key does not stall batch after batch of other keys.
+    held: Mutex<HashMap<[u8; 16], std::time::Instant>>,
+}
+
+/// How long a key whose row was found locked keeps out of batches.
+#[cfg(feature = "postgres")]
+const HELD_ALONE: Duration = Duration::from_secs(2);
+
+#[cfg(feature = "postgres")]
+impl PgBatches {
+    fn recently_held(&self, key: &Key) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(key.digest())
+            .is_some_and(|at| at.elapsed() < HELD_ALONE)
+    }
+
+    /// Passes `result` on, remembering its key if it waited out a row lock.
+    fn note_held<T>(&self, key: &Key, result: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &result
+            && is_lock_wait(e)
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held.len() >= 1024 {
+                held.retain(|_, at| at.elapsed() < HELD_ALONE);
+            }
+            held.insert(*key.digest(), std::time::Instant::now());
+        }
+        result
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Default for PgBatches {
+    fn default() -> Self {
+        PgBatches {
+            claims: Arc::new(batch::Batcher::new(postgres::Claims {
+                async_commit: false,
+            })),
+            async_claims: Arc::new(batch::Batcher::new(postgres::Claims { async_commit: true })),
+            completions: Arc::new(batch::Batcher::new(postgres::Completions)),
+            held: Mutex::default(),
+        }
+    }
 }
 
 impl fmt::Debug for SqlStore {
@@ -461,6 +526,8 @@ impl SqlStore {
             timeout: DEFAULT_TIMEOUT,
             async_claim_commit: false,
             watchers: Arc::default(),
+            #[cfg(feature = "postgres")]
+            batches: Arc::default(),
         }
     }
 
@@ -632,10 +699,7 @@ impl SqlStore {
     async fn claim_once(&self, key: &Key, req: &ClaimRequest) -> Result<Option<Snapshot>, Error> {
         match &self.backend {
             #[cfg(feature = "postgres")]
-            Backend::Postgres(p) => {
-                let mut c = p.acquire().await.map_err(Error::store)?;
-                postgres::claim(&mut c, key, req, false, self.async_claim_commit).await
-            }
+            Backend::Postgres(p) => self.claim_pg(p, key, req).await,
             #[cfg(feature = "mysql")]
             Backend::MySql { pool, returning } => {
                 let mut c = pool.acquire().await.map_err(Error::store)?;
@@ -647,6 +711,48 @@ impl SqlStore {
                 sqlite::claim(&mut c, key, req).await
             }
         }
+    }
+
+    /// A PostgreSQL claim: in a batch when the store is busy (see the `batch` module),
+    /// else on a connection of its own. Token claims, and claims of a key that an open
+    /// transaction held a moment ago, always run alone.
+    #[cfg(feature = "postgres")]
+    async fn claim_pg(
+        &self,
+        pool: &sqlx::PgPool,
+        key: &Key,
+        req: &ClaimRequest,
+    ) -> Result<Option<Snapshot>, Error> {
+        let async_commit = self.async_claim_commit;
+        let batches = &self.batches;
+        if req.kind != ClaimKind::Token && !batches.recently_held(key) {
+            let batcher = if async_commit {
+                &batches.async_claims
+            } else {
+                &batches.claims
+            };
+            let alone = batcher.alone(pool);
+            let result = match alone {
+                Some(mut c) => postgres::claim(&mut c, key, req, false, async_commit).await,
+                None => match batcher
+                    .submit(pool, self.timeout, postgres::Claim::new(key, req))
+                    .await
+                {
+                    Ok(snap) => snap.transpose().map_err(|e| sql_err(Some(key), e)),
+                    // Its batch waited out a row lock (or deadlocked) on some key: run
+                    // this claim alone, so that key answers only for itself.
+                    Err(e) if batch::rolled_back_for_a_row(&e) => {
+                        let mut c = pool.acquire().await.map_err(Error::store)?;
+                        postgres::claim(&mut c, key, req, false, async_commit).await
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            return batches.note_held(key, result);
+        }
+        let mut c = pool.acquire().await.map_err(Error::store)?;
+        let result = postgres::claim(&mut c, key, req, false, async_commit).await;
+        batches.note_held(key, result)
     }
 
     async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
@@ -737,8 +843,17 @@ impl Store for SqlStore {
                     match &self.backend {
                         #[cfg(feature = "postgres")]
                         Backend::Postgres(p) => {
-                            let mut c = p.acquire().await.map_err(Error::store)?;
-                            postgres::complete(&mut c, key, owner, &value, ttl).await
+                            let batcher = &self.batches.completions;
+                            if let Some(mut c) = batcher.alone(p) {
+                                return postgres::complete(&mut c, key, owner, &value, ttl).await;
+                            }
+                            let item = postgres::Completion {
+                                id: *key.digest(),
+                                owner: owner_bytes(owner),
+                                value: value.clone(),
+                                ttl_us: us(ttl),
+                            };
+                            batcher.submit(p, self.timeout, item).await
                         }
                         #[cfg(feature = "mysql")]
                         Backend::MySql { pool, .. } => {

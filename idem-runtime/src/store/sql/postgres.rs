@@ -9,11 +9,13 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlSafeStr};
 
-use super::{KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
+use super::batch::Job;
+use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
 
@@ -129,19 +131,157 @@ SELECT FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
 FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM upd)"
 );
 
-fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
-    let get = || -> Result<Snapshot, sqlx::Error> {
-        Ok(Snapshot {
-            claimed: row.try_get("claimed")?,
-            state: row.try_get("state")?,
-            fence: row.try_get("fence")?,
-            fingerprint: row.try_get("fingerprint")?,
-            value: row.try_get("value")?,
-            remaining_us: row.try_get("remaining_us")?,
-            lease_left_us: row.try_get("lease_left_us")?,
-        })
+/// Many dedup or lock claims in one statement (see the `batch` module): per key, the
+/// same decision as [`CLAIM`], on the same clock. Rows are inserted in id order (the
+/// batch is sorted), and existing ones are read by `id = ANY($1)` (see
+/// [`COMPLETE_BATCH`]). Answers one row per key that the statement took or found, with
+/// its id first. A row lock is waited for 100 ms, not a second: long enough for another
+/// process' claim of the same key to commit, short enough that a key held by an open
+/// transaction holds up its batch only briefly (its calls are then run alone).
+macro_rules! claim_batch_sql {
+    ($($t:tt)*) => { concat!(
+    "WITH t AS (SELECT ",
+    now!(),
+    " AS now, set_config('lock_timeout', '100', true) AS lock_timeout", $($t)*, "),
+v AS (
+    SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::int2[], $5::bytea[],
+                         $6::bytea[], $7::int8[])
+        AS v(id, namespace, scope, kind, owner, fingerprint, lease_us)
+),
+cur AS (SELECT r.* FROM idem_records r WHERE r.id = ANY($1::bytea[])),
+ins AS (
+    INSERT INTO idem_records AS r
+        (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
+         expires_us, lease_us, token_expires_us)
+    SELECT v.id, v.namespace, v.scope, v.kind, 2, v.owner, t.now, v.fingerprint, NULL,
+           t.now + v.lease_us, t.now + v.lease_us, NULL
+    FROM v, t
+    WHERE NOT EXISTS (
+        SELECT 1 FROM cur WHERE cur.id = v.id AND cur.state <> 0 AND cur.expires_us > t.now
+    )
+    ORDER BY v.id
+    ON CONFLICT (id) DO UPDATE SET
+        namespace = EXCLUDED.namespace, scope = EXCLUDED.scope, kind = EXCLUDED.kind,
+        state = 2, owner = EXCLUDED.owner,
+        fence = GREATEST(r.fence + 1, EXCLUDED.fence),
+        fingerprint = EXCLUDED.fingerprint, value = NULL,
+        expires_us = EXCLUDED.expires_us, lease_us = EXCLUDED.lease_us,
+        token_expires_us = NULL
+    -- EXCLUDED.fence is the statement's now.
+    WHERE r.state = 0 OR r.expires_us <= EXCLUDED.fence
+    RETURNING r.id, r.fence
+)
+SELECT ins.id, TRUE AS claimed, ins.fence, 2::int2 AS state, NULL::bytea AS fingerprint,
+       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us
+FROM ins
+UNION ALL
+SELECT cur.id, FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
+       cur.expires_us - t.now, cur.lease_us - t.now
+FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = cur.id)"
+)
     };
-    get().map_err(|e| sql_err(Some(key), e))
+}
+
+const CLAIM_BATCH: &str = claim_batch_sql!("");
+const CLAIM_BATCH_ASYNC: &str =
+    claim_batch_sql!(", set_config('synchronous_commit', 'off', true) AS async_commit");
+
+/// One dedup or lock claim in a batch.
+pub(super) struct Claim {
+    pub(super) id: [u8; 16],
+    pub(super) namespace: &'static str,
+    pub(super) scope: &'static str,
+    pub(super) kind: i16,
+    pub(super) owner: [u8; 16],
+    pub(super) fingerprint: Option<[u8; 16]>,
+    pub(super) lease_us: i64,
+}
+
+impl Claim {
+    pub(super) fn new(key: &Key, req: &ClaimRequest) -> Claim {
+        Claim {
+            id: *key.digest(),
+            namespace: key.namespace(),
+            scope: key.scope(),
+            kind: kind_code(req.kind),
+            owner: owner_bytes(req.owner),
+            fingerprint: req.fingerprint.as_ref().map(|f| f.0),
+            lease_us: us(req.lease),
+        }
+    }
+}
+
+/// Dedup and lock claims, many per statement; `async_commit` as in [`claim`].
+pub(super) struct Claims {
+    pub(super) async_commit: bool,
+}
+
+impl Job for Claims {
+    type Item = Claim;
+    /// What the statement saw of the key (`None` as from [`claim`]), or why its row
+    /// does not decode.
+    type Answer = Option<Result<Snapshot, sqlx::Error>>;
+    const DROP_ABANDONED: bool = true;
+
+    fn id(item: &Claim) -> [u8; 16] {
+        item.id
+    }
+
+    fn run<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        items: &'c [Claim],
+    ) -> BoxFuture<'c, Result<Vec<Self::Answer>, Error>> {
+        Box::pin(async move {
+            let ids: Vec<[u8; 16]> = items.iter().map(|c| c.id).collect();
+            let namespaces: Vec<&str> = items.iter().map(|c| c.namespace).collect();
+            let scopes: Vec<&str> = items.iter().map(|c| c.scope).collect();
+            let kinds: Vec<i16> = items.iter().map(|c| c.kind).collect();
+            let owners: Vec<[u8; 16]> = items.iter().map(|c| c.owner).collect();
+            let fingerprints: Vec<Option<[u8; 16]>> = items.iter().map(|c| c.fingerprint).collect();
+            let leases: Vec<i64> = items.iter().map(|c| c.lease_us).collect();
+            let rows = sqlx::query(if self.async_commit {
+                CLAIM_BATCH_ASYNC
+            } else {
+                CLAIM_BATCH
+            })
+            .bind(&ids)
+            .bind(&namespaces)
+            .bind(&scopes)
+            .bind(&kinds)
+            .bind(&owners)
+            .bind(&fingerprints)
+            .bind(&leases)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| sql_err(None, e))?;
+            let mut answers: Vec<Self::Answer> = items.iter().map(|_| None).collect();
+            for row in &rows {
+                let id: Vec<u8> = row.try_get("id").map_err(|e| sql_err(None, e))?;
+                let Ok(i) = ids.binary_search_by(|probe| probe[..].cmp(&id[..])) else {
+                    continue;
+                };
+                answers[i] = Some(read_snapshot(row));
+            }
+            Ok(answers)
+        })
+    }
+}
+
+fn read_snapshot(row: &PgRow) -> Result<Snapshot, sqlx::Error> {
+    Ok(Snapshot {
+        claimed: row.try_get("claimed")?,
+        state: row.try_get("state")?,
+        fence: row.try_get("fence")?,
+        fingerprint: row.try_get("fingerprint")?,
+        value: row.try_get("value")?,
+        remaining_us: row.try_get("remaining_us")?,
+        lease_left_us: row.try_get("lease_left_us")?,
+    })
+}
+
+fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
+    read_snapshot(row).map_err(|e| sql_err(Some(key), e))
 }
 
 /// `in_tx`: the claim runs inside the caller's transaction, whose settings it must not
@@ -206,6 +346,70 @@ pub(super) async fn complete(
         .await
         .map_err(|e| sql_err(Some(key), e))?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Many completions in one statement (see the `batch` module): per row, the conditions
+/// of [`COMPLETE`]. Answers the ids of the records it completed. Rows are found by
+/// `id = ANY($1)` rather than by a join with the arrays, which a plan made while the
+/// table was small (and kept by the connection) could answer with a scan of the table.
+const COMPLETE_BATCH: &str = concat!(
+    "WITH t AS (SELECT ",
+    now!(),
+    " AS now)
+UPDATE idem_records r SET
+    state = 3, value = ($3::bytea[])[array_position($1::bytea[], r.id)], lease_us = NULL,
+    expires_us = t.now + ($4::int8[])[array_position($1::bytea[], r.id)]
+FROM t
+WHERE r.id = ANY($1::bytea[]) AND r.state = 2
+  AND r.owner = ($2::bytea[])[array_position($1::bytea[], r.id)] AND r.lease_us > t.now
+RETURNING r.id"
+);
+
+/// One completion in a batch.
+pub(super) struct Completion {
+    pub(super) id: [u8; 16],
+    pub(super) owner: [u8; 16],
+    pub(super) value: Bytes,
+    pub(super) ttl_us: i64,
+}
+
+/// Completions, many per statement.
+pub(super) struct Completions;
+
+impl Job for Completions {
+    type Item = Completion;
+    /// Whether the record was completed.
+    type Answer = bool;
+    const DROP_ABANDONED: bool = false;
+
+    fn id(item: &Completion) -> [u8; 16] {
+        item.id
+    }
+
+    fn run<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        items: &'c [Completion],
+    ) -> BoxFuture<'c, Result<Vec<bool>, Error>> {
+        Box::pin(async move {
+            let ids: Vec<[u8; 16]> = items.iter().map(|c| c.id).collect();
+            let owners: Vec<[u8; 16]> = items.iter().map(|c| c.owner).collect();
+            let values: Vec<&[u8]> = items.iter().map(|c| &c.value[..]).collect();
+            let ttls: Vec<i64> = items.iter().map(|c| c.ttl_us).collect();
+            let done: Vec<Vec<u8>> = sqlx::query_scalar(COMPLETE_BATCH)
+                .bind(&ids)
+                .bind(&owners)
+                .bind(&values)
+                .bind(&ttls)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| sql_err(None, e))?;
+            Ok(ids
+                .iter()
+                .map(|id| done.iter().any(|d| d[..] == id[..]))
+                .collect())
+        })
+    }
 }
 
 const RELEASE: &str = concat!(
