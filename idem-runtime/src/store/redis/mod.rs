@@ -82,9 +82,22 @@ pub const DEFAULT_CONNECTIONS: usize = 4;
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
-static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
+// Complete, release and renew start alike: held.lua reads and checks the record and its
+// owner for each of them.
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("held.lua"),
+        include_str!("complete.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("held.lua"),
+        include_str!("release.lua")
+    ))
+});
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("held.lua"), include_str!("renew.lua"))));
 
 /// A [`Store`] in Redis, shared by every process that uses the same server and prefix.
 ///
