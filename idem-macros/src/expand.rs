@@ -125,6 +125,31 @@ fn result_type<'a>(output: &'a ReturnType, name: &Ident) -> syn::Result<&'a Type
     }
 }
 
+/// The body as a block of type `ty`: `{ let ret: ty = block; ret }`. The annotated `let`
+/// fixes the block's type, so `?`, `Ok(..)` and early `return` in it work exactly as they
+/// did in the function before the rewrite, whatever wraps the block (`async move`, a
+/// closure).
+pub(crate) fn typed_block(ret: &Ident, ty: &impl ToTokens, block: &impl ToTokens) -> TokenStream {
+    quote! {{
+        let #ret: #ty = #block;
+        #[allow(unreachable_code)]
+        #ret
+    }}
+}
+
+/// The span of the first token of the user's return type. Every token of a runtime call
+/// that checks bounds on the caller's types carries it: rustc checks a bound at the
+/// path, the call and the `.await`, and merges identical errors only when their spans
+/// are equal, so an unmet bound is then reported once, on the signature (a range over
+/// the whole type would be cut differently by each check).
+pub(crate) fn signature_span(ret_ty: &impl ToTokens) -> Span {
+    ret_ty
+        .to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |t| t.span())
+}
+
 /// `T` of a return type already checked to be `Result<T, E>`.
 fn ok_type(ret_ty: &Type) -> Option<&Type> {
     let Type::Path(path) = ret_ty else {
@@ -359,27 +384,12 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
 
     let replays = config.on_duplicate == Some(OnDuplicate::Replay);
 
-    // The annotated `let` fixes the block's type, so `?` in the body converts into the
-    // function's own error type exactly as it did before the rewrite.
-    let body = quote! {
-        async move {
-            let #ret: #ret_ty = #block;
-            #[allow(unreachable_code)]
-            #ret
-        }
-    };
+    let typed_body = typed_block(&ret, ret_ty, block);
+    let body = quote!(async move #typed_body);
 
-    // Every token of the runtime call, `.await` included, carries the span of the first
-    // token of the user's return type (`Result`). An unmet bound (`T` not serde where it is
-    // replayed, `E` without `From<idem_runtime::Error>`) is then reported on the signature,
-    // and only once: rustc checks the bounds at the path, the call and the `.await`, and
-    // merges identical errors only when their spans are equal, so all three must be one
-    // span (a range over the whole type would be cut differently by each check).
-    let at = ret_ty
-        .to_token_stream()
-        .into_iter()
-        .next()
-        .map_or_else(Span::call_site, |t| t.span());
+    // An unmet bound (`T` not serde where it is replayed, `E` without
+    // `From<idem_runtime::Error>`) is reported once, on the signature.
+    let at = signature_span(ret_ty);
     let private_at = Ident::new("__idem_private", at);
     let constructor_at = Ident::new(&constructor.to_string(), at);
     // Replays by clone on an in-process store when the `Ok` type allows it; decided by
@@ -458,12 +468,7 @@ fn rewrite(func: &ItemFn, config: &Config, ret_ty: &Type) -> TokenStream {
                         return ::core::result::Result::Err(::core::convert::From::from(#error));
                     }
                 };
-                let #ret: #ret_ty = async {
-                    let #ret: #ret_ty = #block;
-                    #[allow(unreachable_code)]
-                    #ret
-                }
-                .await;
+                let #ret: #ret_ty = async #typed_body.await;
                 if let ::core::result::Result::Err(#error) =
                     #private_at::#end_at::<#private_at::#codec, _, _, _>(#claim, #conn, &#ret).await
                 {

@@ -317,22 +317,13 @@ fn rewrite(func: &ItemFn, config: Configuration, ret_ty: &Type) -> TokenStream {
     // argument out (so it could not run a second time), rustc's "closure is `FnOnce`"
     // points at this attribute, with a label at the move in the body.
     let attribute = Span::call_site();
-    let body = quote_spanned! {attribute=>
-        || async {
-            let #ret: #ret_ty = #block;
-            #[allow(unreachable_code)]
-            #ret
-        }
-    };
+    let typed_body = crate::expand::typed_block(&ret, ret_ty, block);
+    let body = quote_spanned!(attribute=> || async #typed_body);
 
     // As in `#[idempotent]`: every token of the call carries the span of the first token
     // of the return type, so an `E` without `IsConflict` is reported once, on the
     // signature.
-    let at = ret_ty
-        .to_token_stream()
-        .into_iter()
-        .next()
-        .map_or_else(Span::call_site, |t| t.span());
+    let at = crate::expand::signature_span(ret_ty);
     let private_at = Ident::new(PRIVATE_ALIAS, at);
     let function_at = Ident::new("retry_on_conflict", at);
     let mut args = Group::new(Delimiter::Parenthesis, quote!(&#policy, #body));

@@ -232,14 +232,11 @@ fn unexpanded(func: &ItemFn) -> TokenStream {
     } = func;
     let body_ty = &types.body;
     let ret = Ident::new("__idem_ret", Span::mixed_site());
+    let typed_body = crate::expand::typed_block(&ret, body_ty, block);
     quote! {
         #(#attrs)*
         #vis #sig {
-            let _ = async move {
-                let #ret: #body_ty = #block;
-                #[allow(unreachable_code)]
-                #ret
-            };
+            let _ = async move #typed_body;
             ::core::unreachable!("#[transition] did not expand: see its compile error")
         }
     }
@@ -414,25 +411,15 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
     let to = &checked.to;
     let body_ty = &types.body;
 
-    // The annotated `let` fixes the body's type, so `Ok(value)` and `?` in the body work
-    // as in any function returning `Result<T, E>`.
-    let body = quote! {
-        async move {
-            let #ret: #body_ty = #block;
-            #[allow(unreachable_code)]
-            #ret
-        }
-    };
+    // The body's type is `Result<T, E>`, so `Ok(value)` and `?` in it work as in any
+    // function returning that.
+    let typed_body = crate::expand::typed_block(&ret, body_ty, block);
+    let body = quote!(async move #typed_body);
 
     // As in `#[idempotent]`: every token of the call carries the span of the first token
     // of the return type, so an `E` without `From<idem_runtime::Error>` is reported once,
     // on the signature.
-    let at = types
-        .whole
-        .to_token_stream()
-        .into_iter()
-        .next()
-        .map_or_else(Span::call_site, |t| t.span());
+    let at = crate::expand::signature_span(&types.whole);
     let private_at = Ident::new(PRIVATE_ALIAS, at);
     let function_at = Ident::new("transition", at);
     let mut args = Group::new(
