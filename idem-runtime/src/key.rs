@@ -44,46 +44,18 @@ impl Key {
     /// Renders `key` (usually `format_args!(...)`) straight into the digest, without
     /// allocating the string. `namespace` must be interned (see [`intern`]).
     pub fn new(namespace: &'static str, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
-        Key::render(Digest::Portable, namespace, scope, key)
+        // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
+        // truncates what it contributed, which still yields a deterministic digest.
+        KeyWriter::key(Digest::Portable, None, namespace, scope, |w| {
+            let _ = w.write_fmt(key);
+        })
     }
 
     /// The key for an already rendered string, in any namespace (interned on first use).
     pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
-        Key::rendered(Digest::Portable, intern(namespace), scope, key)
-    }
-
-    /// [`Key::new`] with the digest chosen by the store.
-    pub(crate) fn render(
-        digest: Digest,
-        namespace: &'static str,
-        scope: &'static str,
-        key: fmt::Arguments<'_>,
-    ) -> Key {
-        let mut w = DigestWriter::new(digest, namespace, scope);
-        // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
-        // truncates what it contributed, which still yields a deterministic digest.
-        let _ = w.write_fmt(key);
-        Key {
-            namespace,
-            scope,
-            digest: w.finish(),
-        }
-    }
-
-    /// [`Key::from_str`] with the digest chosen by the store.
-    pub(crate) fn rendered(
-        digest: Digest,
-        namespace: &'static str,
-        scope: &'static str,
-        key: &str,
-    ) -> Key {
-        let mut w = DigestWriter::new(digest, namespace, scope);
-        w.push(key.as_bytes());
-        Key {
-            namespace,
-            scope,
-            digest: w.finish(),
-        }
+        KeyWriter::key(Digest::Portable, None, intern(namespace), scope, |w| {
+            w.text(key)
+        })
     }
 
     /// The namespace of the runtime that made the key.
@@ -204,20 +176,6 @@ pub(crate) fn local_prefix(namespace: &str, scope: &str) -> [u8; 16] {
     w.finish()
 }
 
-impl Key {
-    /// A local-digest key whose (namespace, scope) prefix is already hashed.
-    pub(crate) fn render_local(
-        prefix: [u8; 16],
-        namespace: &'static str,
-        scope: &'static str,
-        key: fmt::Arguments<'_>,
-    ) -> Key {
-        KeyWriter::key(Digest::Local, Some(prefix), namespace, scope, |w| {
-            let _ = w.0.write_fmt(key);
-        })
-    }
-}
-
 /// What the attribute's expansion writes a rendered key into, part by part (see
 /// [`parts`]). Not a public API.
 #[doc(hidden)]
@@ -231,7 +189,9 @@ impl KeyWriter {
     }
 
     /// Writes a key with `render`, in place: the writer is a few hundred bytes, and
-    /// moving it around costs as much as the hashing.
+    /// moving it around costs as much as the hashing. `prefix`: the local digest of
+    /// (namespace, scope) when the caller already has it (see `Options`); otherwise the
+    /// writer starts from the names themselves.
     #[inline]
     pub(crate) fn key(
         digest: Digest,
@@ -251,6 +211,13 @@ impl KeyWriter {
             scope,
             digest: w.0.finish(),
         }
+    }
+}
+
+impl fmt::Write for KeyWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.text(s);
+        Ok(())
     }
 }
 
@@ -298,7 +265,7 @@ pub(crate) mod parts {
         #[inline]
         pub fn put<T: fmt::Display + ?Sized>(self, w: &mut KeyWriter, v: &T) {
             // Writing into the digest cannot fail (see `Key::new`).
-            let _ = write!(w.0, "{v}");
+            let _ = write!(w, "{v}");
         }
     }
 
@@ -366,13 +333,6 @@ impl DigestWriter {
             digest,
             spill: None,
         }
-    }
-
-    #[inline]
-    fn new(digest: Digest, namespace: &'static str, scope: &'static str) -> Self {
-        let mut w = DigestWriter::empty(digest);
-        w.begin(namespace, scope);
-        w
     }
 
     /// Starts with what names the function: the framing of namespace and scope for the
@@ -448,13 +408,6 @@ fn truncate(hash: blake3::Hash) -> [u8; 16] {
     let mut digest = [0u8; 16];
     digest.copy_from_slice(&hash.as_bytes()[..16]);
     digest
-}
-
-impl fmt::Write for DigestWriter {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.push(s.as_bytes());
-        Ok(())
-    }
 }
 
 /// Streams serialized arguments into a hasher.

@@ -233,11 +233,10 @@ impl Idem {
     /// The record key for `key` rendered under `opts` in this runtime's namespace.
     /// Nothing is allocated for the rendering: it streams into the digest.
     pub fn key(&self, opts: &Options, key: fmt::Arguments<'_>) -> Key {
-        let ns = self.inner.namespace;
-        match self.inner.digest {
-            Digest::Local => Key::render_local(opts.local_prefix(ns), ns, opts.scope(), key),
-            Digest::Portable => Key::render(Digest::Portable, ns, opts.scope(), key),
-        }
+        // Writing into the digest cannot fail (see `Key::new`).
+        self.key_parts(opts, |w| {
+            let _ = fmt::Write::write_fmt(w, key);
+        })
     }
 
     /// The record key of a key template written part by part (the attribute's
@@ -256,12 +255,10 @@ impl Idem {
 
     /// The record key of a token.
     pub(crate) fn token_key(&self, token: &str) -> Key {
-        Key::rendered(
-            self.inner.digest,
-            self.inner.namespace,
-            crate::key::TOKEN_SCOPE,
-            token,
-        )
+        let ns = self.inner.namespace;
+        KeyWriter::key(self.inner.digest, None, ns, crate::key::TOKEN_SCOPE, |w| {
+            w.text(token)
+        })
     }
 
     /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
