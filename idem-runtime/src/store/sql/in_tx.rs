@@ -13,17 +13,12 @@
 
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until};
-
 use super::SqlStore;
-use super::tx::TxDatabase;
+use super::tx::{Backoff, TxDatabase};
 use crate::codec::Codec;
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
-
-const POLL_MIN: Duration = Duration::from_millis(2);
-const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// What a function in transactional mode receives: the caller's open transaction,
 /// `&mut sqlx::Transaction<'_, DB>`, or the connection it runs on (`&mut PgConnection`,
@@ -171,8 +166,7 @@ where
     // Unique per call, so nested calls (a body calling another such function) each have
     // their own; MySQL replaces a savepoint of the same name instead of stacking it.
     let savepoint = format!("idem_{:032x}", owner.0);
-    let deadline = Instant::now() + opts.wait_for();
-    let mut poll = POLL_MIN;
+    let mut backoff = Backoff::new(opts.wait_for());
     loop {
         X::Database::__execute(conn.connection(), &format!("SAVEPOINT {savepoint}")).await?;
         let claimed = X::Database::__claim(store, conn.connection(), &key, &req).await;
@@ -225,12 +219,7 @@ where
                 return Err(e);
             }
         };
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(Error::InProgress { key });
-        }
-        poll = (poll * 2).min(POLL_MAX);
-        sleep_until((now + poll.min(retry_in + Duration::from_millis(1))).min(deadline)).await;
+        backoff.nap(&key, retry_in).await?;
     }
 }
 

@@ -26,8 +26,37 @@ use crate::{Error, Fingerprint, Key, Options};
 /// outlasted a short lease (MySQL and SQLite check it against the statement's clock).
 const TX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
-const POLL_MIN: Duration = Duration::from_millis(2);
-const POLL_MAX: Duration = Duration::from_millis(100);
+/// Waiting, in transactional mode, for a key another caller holds (a committed claim of
+/// a call outside any transaction, or a twin's row lock that outlasted the lock
+/// timeout): nothing notifies a transaction, so the key is claimed again after a backoff
+/// from 2 ms up to 100 ms, never past the holder's lease end or the caller's `wait`.
+/// Used by [`SqlStore::begin_with`] and by the attribute's `tx_begin`.
+pub(super) struct Backoff {
+    deadline: tokio::time::Instant,
+    poll: Duration,
+}
+
+impl Backoff {
+    pub(super) fn new(wait: Duration) -> Self {
+        Backoff {
+            deadline: tokio::time::Instant::now() + wait,
+            poll: Duration::from_millis(2),
+        }
+    }
+
+    /// Sleeps before the next try (`retry_in`: the holder's lease left), or
+    /// [`Error::InProgress`] once `wait` has run out.
+    pub(super) async fn nap(&mut self, key: &Key, retry_in: Duration) -> Result<(), Error> {
+        let now = tokio::time::Instant::now();
+        if now >= self.deadline {
+            return Err(Error::InProgress { key: *key });
+        }
+        self.poll = (self.poll * 2).min(Duration::from_millis(100));
+        let nap = self.poll.min(retry_in + Duration::from_millis(1));
+        tokio::time::sleep_until((now + nap).min(self.deadline)).await;
+        Ok(())
+    }
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -448,12 +477,8 @@ impl SqlStore {
         let owner = Owner::next();
         let req =
             ClaimRequest::new(ClaimKind::Dedup, owner, TX_LEASE).with_fingerprint(fingerprint);
-        let deadline = tokio::time::Instant::now() + opts.wait_for();
-        let mismatch = |stored: Option<Fingerprint>| match (fingerprint, stored) {
-            (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
-            _ => Ok(()),
-        };
-        let mut poll = POLL_MIN;
+        let mut backoff = Backoff::new(opts.wait_for());
+        let mismatch = |stored| crate::strategy::claim::check_fingerprint(key, fingerprint, stored);
         loop {
             let attempt = async {
                 let mut tx = DB::__begin(pool, opts.wait_for()).await?;
@@ -504,13 +529,7 @@ impl SqlStore {
                 }
                 Err(e) => return Err(e),
             };
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(Error::InProgress { key: *key });
-            }
-            poll = (poll * 2).min(POLL_MAX);
-            let nap = poll.min(retry_in + Duration::from_millis(1));
-            tokio::time::sleep_until((now + nap).min(deadline)).await;
+            backoff.nap(key, retry_in).await?;
         }
     }
 
