@@ -238,8 +238,8 @@ async fn redis_cases(args: &Args, url: &str, report: &mut Report) {
         report.add_summary(&g, &r.case, report::Summary::from(&r))
     };
     for tasks in [1usize, 50] {
-        // The six cases take turns in short slices (see `redis::turns`).
-        let [one, two, new, replay, lock, token] = redis::turns::issue3(&ctx, tasks)
+        // The seven cases take turns in short slices (see `redis::turns`).
+        let [one, two, three, new, replay, lock, token] = redis::turns::issue3(&ctx, tasks)
             .await
             .map(|r| add(report, r));
         let b2 = format!("raw SET NX PX + DEL through the same connections, {tasks} tasks");
@@ -267,6 +267,14 @@ async fn redis_cases(args: &Args, url: &str, report: &mut Report) {
             &token,
             &two,
             &format!("idem token issue+consume (three round trips: issue, claim, complete) / {b2}"),
+        );
+        report.ratio(
+            format!("redis-token-vs-3rt@{tasks}"),
+            &token,
+            &three,
+            &format!(
+                "idem token issue+consume / raw SET NX PX + SET XX GET + SET XX PX through the same connections, {tasks} tasks"
+            ),
         );
         if !args.quick {
             for r in redis::connections::all(&ctx, tasks).await {

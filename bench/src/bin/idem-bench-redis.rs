@@ -2,7 +2,8 @@
 //! `idem-bench-redis [--redis URL] [--secs N] [--tasks N] [--case NAME]...`
 //!
 //! Cases (default all, in turns as in the main load program): `one` (raw `SET NX PX`),
-//! `two` (raw `SET NX PX` + `DEL`), `new` (dedup new key), `replay`, `lock`, `token`; and,
+//! `two` (raw `SET NX PX` + `DEL`), `three` (raw `SET NX PX`, `SET XX GET`, `SET XX PX`:
+//! the floor for a token's three steps), `new` (dedup new key), `replay`, `lock`, `token`; and,
 //! only when named, `two-keep` (raw `SET NX PX` + `SET XX PX`: the key is kept 30 s, as a
 //! dedup record is, which shows what keeping records costs the server apart from scripts).
 //! Each line gives ops/s and the CPU time per operation of this process and of the
@@ -56,7 +57,9 @@ async fn main() -> Result<(), String> {
         .map(|(_, group, name, make)| Case::new(group, name, tasks, make(&ctx)))
         .collect();
     if cases.is_empty() {
-        return Err("no such case; pick from one, two, new, replay, lock, token, two-keep".into());
+        return Err(
+            "no such case; pick from one, two, three, new, replay, lock, token, two-keep".into(),
+        );
     }
     redis::turns::run(cases, tasks, secs, ctx.server_pid).await;
     Ok(())

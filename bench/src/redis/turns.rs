@@ -1,4 +1,4 @@
-//! Issue 3's cases taking turns: the two baselines and idem's four operations each run
+//! Issue 3's cases taking turns: the three baselines and idem's four operations each run
 //! in [`ROUNDS`] short slices, one case after another, so a change of the machine's load
 //! (it is shared with compilers and test suites) lands on every case alike instead of
 //! on one case and not its baseline. Each case's row sums its slices.
@@ -173,9 +173,9 @@ async fn one_slice(
     (elapsed, all, cpu)
 }
 
-/// The six rows of issue 3 at `tasks`: raw 1 RT, raw 2 RT, dedup new, dedup replay, lock,
-/// token, measured in turns through the same connections.
-pub(crate) async fn issue3(ctx: &Ctx, tasks: usize) -> [Row; 6] {
+/// The seven rows of issue 3 at `tasks`: raw 1 RT, raw 2 RT, raw 3 RT, dedup new, dedup
+/// replay, lock, token, measured in turns through the same connections.
+pub(crate) async fn issue3(ctx: &Ctx, tasks: usize) -> [Row; 7] {
     let mut ctx = ctx.clone();
     ctx.find_server().await;
     let ctx = &ctx;
@@ -185,8 +185,8 @@ pub(crate) async fn issue3(ctx: &Ctx, tasks: usize) -> [Row; 6] {
         .map(|(_, group, name, make)| Case::new(group, name, tasks, make(ctx)))
         .collect();
     let rows = run(cases, tasks, ctx.secs, ctx.server_pid).await;
-    let Ok(rows) = <[Row; 6]>::try_from(rows) else {
-        unreachable!("six cases give six rows")
+    let Ok(rows) = <[Row; 7]>::try_from(rows) else {
+        unreachable!("seven cases give seven rows")
     };
     rows
 }
@@ -195,11 +195,17 @@ pub(crate) async fn issue3(ctx: &Ctx, tasks: usize) -> [Row; 6] {
 pub(crate) type Make = fn(&Ctx) -> Op;
 
 /// Issue 3's cases: a short name (for `idem-bench-redis --case`), group, case, operation.
-pub(crate) const ISSUE3: [(&str, &str, &str, Make); 6] = {
+pub(crate) const ISSUE3: [(&str, &str, &str, Make); 7] = {
     use super::{baseline, idem_ops};
     [
         ("one", "baseline", baseline::ONE_RT, baseline::set_nx_px),
         ("two", "baseline", baseline::TWO_RT, baseline::set_nx_px_del),
+        (
+            "three",
+            "baseline",
+            baseline::THREE_RT,
+            baseline::three_steps,
+        ),
         ("new", "idem", idem_ops::DEDUP_NEW, idem_ops::dedup_new),
         (
             "replay",
