@@ -13,30 +13,30 @@ pub(crate) const THREE_RT: &str = "raw SET NX PX + SET XX GET + SET XX PX (3 RT)
 #[allow(dead_code)] // idem-bench-redis only.
 pub(crate) const TWO_RT_KEEP: &str = "raw SET NX PX + SET XX PX (2 RT, kept)";
 
-pub(crate) fn set_nx_px(ctx: &Ctx) -> Op {
+/// An operation that sends `build`'s commands one after another (each awaited before the
+/// next, as the steps of one idem call are), on the key of `(task, i)`.
+fn commands<const N: usize>(ctx: &Ctx, build: fn(String) -> [redis::Cmd; N]) -> Op {
     let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
     op(move |t, i| {
         let (store, run_id) = (store.clone(), run_id.clone());
         async move {
-            let cmd = set_cmd(&run_id, t, i);
-            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
+            for cmd in build(key(&run_id, t, i)) {
+                let _: redis::Value = store.command(&cmd).await.map_err(|e| e.to_string())?;
+            }
             Ok(())
         }
     })
 }
 
+pub(crate) fn set_nx_px(ctx: &Ctx) -> Op {
+    commands(ctx, |k| [set_nx(k)])
+}
+
 pub(crate) fn set_nx_px_del(ctx: &Ctx) -> Op {
-    let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
-    op(move |t, i| {
-        let (store, run_id) = (store.clone(), run_id.clone());
-        async move {
-            let cmd = set_cmd(&run_id, t, i);
-            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
-            let mut del = redis::cmd("DEL");
-            del.arg(key(&run_id, t, i));
-            let _: i64 = store.command(&del).await.map_err(|e| e.to_string())?;
-            Ok(())
-        }
+    commands(ctx, |k| {
+        let mut del = redis::cmd("DEL");
+        del.arg(&k);
+        [set_nx(k), del]
     })
 }
 
@@ -46,21 +46,11 @@ pub(crate) fn set_nx_px_del(ctx: &Ctx) -> Op {
 /// token's record is kept. No store can take a token through its three atomic steps for
 /// less, so this is the floor the token case is also compared with.
 pub(crate) fn three_steps(ctx: &Ctx) -> Op {
-    let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
-    op(move |t, i| {
-        let (store, run_id) = (store.clone(), run_id.clone());
-        async move {
-            let k = key(&run_id, t, i);
-            let cmd = set_cmd(&run_id, t, i);
-            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
-            let mut claim = redis::cmd("SET");
-            claim.arg(&k).arg("p-t").arg("XX").arg("GET").arg("KEEPTTL");
-            let _: Option<String> = store.command(&claim).await.map_err(|e| e.to_string())?;
-            let mut done = redis::cmd("SET");
-            done.arg(&k).arg("c-done").arg("XX").arg("PX").arg(30_000);
-            let _: Option<String> = store.command(&done).await.map_err(|e| e.to_string())?;
-            Ok(())
-        }
+    commands(ctx, |k| {
+        let mut claim = redis::cmd("SET");
+        claim.arg(&k).arg("p-t").arg("XX").arg("GET").arg("KEEPTTL");
+        let done = keep(&k);
+        [set_nx(k), claim, done]
     })
 }
 
@@ -69,34 +59,26 @@ pub(crate) fn three_steps(ctx: &Ctx) -> Op {
 /// (a growing keyspace, expiry) apart from any script (`idem-bench-redis` only).
 #[allow(dead_code)]
 pub(crate) fn set_nx_px_set_xx(ctx: &Ctx) -> Op {
-    let (store, run_id) = (ctx.store.clone(), ctx.run.clone());
-    op(move |t, i| {
-        let (store, run_id) = (store.clone(), run_id.clone());
-        async move {
-            let cmd = set_cmd(&run_id, t, i);
-            let _: Option<String> = store.command(&cmd).await.map_err(|e| e.to_string())?;
-            let mut set = redis::cmd("SET");
-            set.arg(key(&run_id, t, i))
-                .arg("c-done")
-                .arg("XX")
-                .arg("PX")
-                .arg(30_000);
-            let _: Option<String> = store.command(&set).await.map_err(|e| e.to_string())?;
-            Ok(())
-        }
+    commands(ctx, |k| {
+        let done = keep(&k);
+        [set_nx(k), done]
     })
+}
+
+/// `SET k c-done XX PX 30000`: a completion that keeps the record.
+fn keep(k: &str) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(k).arg("c-done").arg("XX").arg("PX").arg(30_000);
+    set
 }
 
 pub(crate) fn key(run_id: &str, t: usize, i: u64) -> String {
     format!("{run_id}:raw:{t}:{i}")
 }
 
-pub(crate) fn set_cmd(run_id: &str, t: usize, i: u64) -> redis::Cmd {
+/// `SET k 1 NX PX 30000`.
+pub(crate) fn set_nx(k: String) -> redis::Cmd {
     let mut cmd = redis::cmd("SET");
-    cmd.arg(key(run_id, t, i))
-        .arg("1")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000);
+    cmd.arg(k).arg("1").arg("NX").arg("PX").arg(30_000);
     cmd
 }

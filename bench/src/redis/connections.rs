@@ -6,7 +6,7 @@ use idem_runtime::RedisStore;
 use idem_runtime::store::redis::{deadpool_redis, redis};
 
 use super::Ctx;
-use super::baseline::set_cmd;
+use super::baseline::{key, set_nx};
 use crate::runner::run;
 use crate::stats::Row;
 
@@ -27,7 +27,7 @@ pub(crate) async fn all(ctx: &Ctx, tasks: usize) -> Vec<Row> {
                 let (pool, run_id) = (pool.clone(), run_id.clone());
                 async move {
                     let mut c = pool.get().await.map_err(|e| e.to_string())?;
-                    let _: Option<String> = set_cmd(&run_id, t, i)
+                    let _: Option<String> = set_nx(key(&run_id, t, i))
                         .query_async(&mut *c)
                         .await
                         .map_err(|e| e.to_string())?;
@@ -53,7 +53,7 @@ pub(crate) async fn all(ctx: &Ctx, tasks: usize) -> Vec<Row> {
             move |t, i| {
                 let (mut conn, run_id) = (conn.clone(), run_id.clone());
                 async move {
-                    let _: Option<String> = set_cmd(&run_id, t, i)
+                    let _: Option<String> = set_nx(key(&run_id, t, i))
                         .query_async(&mut conn)
                         .await
                         .map_err(|e| e.to_string())?;
@@ -80,7 +80,7 @@ pub(crate) async fn all(ctx: &Ctx, tasks: usize) -> Vec<Row> {
                     let (store, run_id) = (store.clone(), run_id.clone());
                     async move {
                         let _: Option<String> = store
-                            .command(&set_cmd(&run_id, t, i))
+                            .command(&set_nx(key(&run_id, t, i)))
                             .await
                             .map_err(|e| e.to_string())?;
                         Ok(())
