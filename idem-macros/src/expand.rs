@@ -279,29 +279,25 @@ pub(crate) fn check_references(
             errors.push(syn::Error::new(config.key.lit.span(), message));
         }
     }
-    if let Some(tx) = &config.transaction {
-        let name = tx.unraw().to_string();
+    // An option that names a parameter by its identifier (`transaction`, fingerprint
+    // entries): the error points at that identifier.
+    let mut must_name_a_parameter = |ident: &Ident, option: &str| {
+        let name = ident.unraw().to_string();
         if !params.contains(&name) {
             errors.push(syn::Error::new(
-                tx.span(),
+                ident.span(),
                 format!(
-                    "`transaction` names `{name}`, which is not a parameter: {}",
+                    "{option} names `{name}`, which is not a parameter: {}",
                     explain(&name)
                 ),
             ));
         }
+    };
+    if let Some(tx) = &config.transaction {
+        must_name_a_parameter(tx, "`transaction`");
     }
     for entry in &config.fingerprint {
-        let name = entry.unraw().to_string();
-        if !params.contains(&name) {
-            errors.push(syn::Error::new(
-                entry.span(),
-                format!(
-                    "the fingerprint names `{name}`, which is not a parameter: {}",
-                    explain(&name)
-                ),
-            ));
-        }
+        must_name_a_parameter(entry, "the fingerprint");
     }
 }
 
