@@ -1,0 +1,2 @@
+//! `idem`: the operator tool.
+fn main() {}
