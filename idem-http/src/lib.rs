@@ -31,7 +31,12 @@
 //! tokio::spawn(async move { axum::serve(listener, app).await });
 //!
 //! let client = reqwest::Client::new();
-//! let send = || client.post(&url).header("Idempotency-Key", "\"order-7\"").body(r#"{"order":7}"#);
+//! let send = || {
+//!     client.post(&url)
+//!         .header("Idempotency-Key", "\"order-7\"")
+//!         .header("Content-Type", "application/json")
+//!         .body(r#"{"order":7}"#)
+//! };
 //! let first = send().send().await?;
 //! assert_eq!(first.status(), 201);
 //! let first = first.text().await?;
@@ -42,7 +47,10 @@
 //! assert_eq!(retry.text().await?, first);                   // the same body: same payment_id
 //! assert_eq!(RUNS.load(std::sync::atomic::Ordering::SeqCst), 1);
 //!
-//! let other = client.post(&url).header("Idempotency-Key", "order-7").body(r#"{"order":8}"#);
+//! let other = client.post(&url)
+//!     .header("Idempotency-Key", "order-7") // bare: the same key as "order-7" quoted
+//!     .header("Content-Type", "application/json")
+//!     .body(r#"{"order":8}"#);
 //! assert_eq!(other.send().await?.status(), 422);            // same key, another request
 //! # Ok(()) }
 //! ```

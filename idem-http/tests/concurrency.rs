@@ -1,6 +1,8 @@
 //! 100 concurrent identical POSTs over real connections run the handler once, on
 //! MemoryStore, RedisStore and PostgreSQL.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::sync::atomic::Ordering;

@@ -1,6 +1,8 @@
 //! The contract table, one test per row, against an axum app served on a loopback port
 //! and driven by a real HTTP client, on MemoryStore, RedisStore and PostgreSQL.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::sync::atomic::Ordering;
