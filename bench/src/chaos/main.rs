@@ -127,9 +127,14 @@ pub(crate) async fn connect(url: &str, replicas: usize) -> Result<Arc<dyn Store>
             .await
             .map_err(|e: Error| format!("store {url}: {e}"));
     }
-    Err(format!(
-        "store {url}: waiting for {replicas} replicas needs RedisStore's wait_for_replicas"
-    ))
+    if !url.starts_with("redis") {
+        return Err(format!("store {url}: only Redis waits for replicas"));
+    }
+    let store = idem_runtime::RedisStore::builder()
+        .wait_for_replicas(replicas, Duration::from_secs(1))
+        .connect(url)
+        .map_err(|e| format!("store {url}: {e}"))?;
+    Ok(Arc::new(store))
 }
 
 fn main() -> ExitCode {

@@ -13,6 +13,7 @@ use crate::Error;
 /// | `memory` or `memory://` | [`MemoryStore`] | always |
 /// | `redis://host:port/db`, `rediss://...` | `RedisStore` | `redis` (`tls` for rediss) |
 /// | `redis+cluster://host:port,host:port` | `RedisStore` on a Cluster | `redis-cluster` |
+/// | `redis+sentinel://host:port,host:port/SERVICE[/db]` | `RedisStore` behind Sentinel | `redis-sentinel` |
 /// | `postgres://...`, `mysql://...`, `sqlite://path?mode=rwc` | `SqlStore` | `postgres`, `mysql`, `sqlite` |
 ///
 /// A scheme whose feature is not compiled in is [`Error::Config`] naming the feature.
@@ -47,6 +48,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         )?)),
         #[cfg(not(feature = "redis-cluster"))]
         "redis+cluster" => missing("redis-cluster"),
+        #[cfg(feature = "redis-sentinel")]
+        "redis+sentinel" => Ok(Arc::new(super::redis::RedisStore::connect(url)?)),
+        #[cfg(not(feature = "redis-sentinel"))]
+        "redis+sentinel" => missing("redis-sentinel"),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(super::redis::RedisStore::connect(url)?)),
         #[cfg(not(feature = "redis"))]
@@ -65,7 +70,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         "sqlite" => missing("sqlite"),
         _ => Err(Error::Config(format!(
             "unknown store URL scheme {scheme:?}; expected memory, redis, rediss, \
-             redis+cluster, postgres, mysql or sqlite"
+             redis+cluster, redis+sentinel, postgres, mysql or sqlite"
         ))),
     }
 }

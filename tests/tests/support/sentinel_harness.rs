@@ -39,7 +39,12 @@ impl SentinelSet {
 
     fn start_inner(persistence: &[&str], proxied: bool) -> SentinelSet {
         let service = format!("idem{}", free_port(false));
-        let fast_sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"];
+        let fast_sync = [
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
         let mut args: Vec<&str> = persistence.to_vec();
         args.extend(fast_sync);
         let primary = RedisServer::start_with(free_port(false), &args);

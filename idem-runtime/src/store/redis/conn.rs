@@ -65,6 +65,9 @@ pub(crate) enum Source {
     Single(deadpool_redis::Pool),
     #[cfg(feature = "redis-cluster")]
     Cluster(deadpool_redis::cluster::Pool),
+    /// Whichever server the sentinels name as primary, asked anew for each connection.
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::SentinelSource>),
 }
 
 /// A connection checked out of the pool for good (until it fails).
@@ -72,6 +75,8 @@ enum Held {
     Single(deadpool_redis::Connection),
     #[cfg(feature = "redis-cluster")]
     Cluster(deadpool_redis::cluster::Connection),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(MultiplexedConnection),
 }
 
 impl Held {
@@ -80,6 +85,8 @@ impl Held {
             Held::Single(c) => Conn::Single((**c).clone()),
             #[cfg(feature = "redis-cluster")]
             Held::Cluster(c) => Conn::Cluster((**c).clone()),
+            #[cfg(feature = "redis-sentinel")]
+            Held::Sentinel(c) => Conn::Single(c.clone()),
         }
     }
 
@@ -90,6 +97,8 @@ impl Held {
             Held::Single(c) => drop(deadpool_redis::Connection::take(c)),
             #[cfg(feature = "redis-cluster")]
             Held::Cluster(c) => drop(deadpool_redis::cluster::Connection::take(c)),
+            #[cfg(feature = "redis-sentinel")]
+            Held::Sentinel(c) => drop(c),
         }
     }
 }
@@ -154,6 +163,8 @@ impl Connections {
             Source::Single(pool) => Held::Single(pool.get().await.map_err(Error::store)?),
             #[cfg(feature = "redis-cluster")]
             Source::Cluster(pool) => Held::Cluster(pool.get().await.map_err(Error::store)?),
+            #[cfg(feature = "redis-sentinel")]
+            Source::Sentinel(s) => Held::Sentinel(s.connect().await?),
         };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         let conn = held.conn();

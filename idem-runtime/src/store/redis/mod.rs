@@ -52,6 +52,9 @@
 
 mod conn;
 mod notify;
+mod replicas;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 mod toolbox;
 
 use std::sync::{Arc, LazyLock};
@@ -63,6 +66,8 @@ use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use self::conn::{Connections, Source, is_transport_error};
 use self::notify::Notifier;
+pub use self::replicas::NotReplicated;
+use self::replicas::Wait;
 use super::{
     BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
     TransitionOutcome, TransitionRequest, VersionedBytes,
@@ -137,6 +142,7 @@ struct Inner {
     prefix: String,
     timeout: Duration,
     fence_ttl_ms: u64,
+    wait: Option<Wait>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -157,6 +163,7 @@ pub struct RedisStoreBuilder {
     connections: usize,
     fence_ttl: Duration,
     pubsub_urls: Vec<String>,
+    wait: Option<Wait>,
 }
 
 impl Default for RedisStoreBuilder {
@@ -167,6 +174,7 @@ impl Default for RedisStoreBuilder {
             connections: DEFAULT_CONNECTIONS,
             fence_ttl: DEFAULT_FENCE_TTL,
             pubsub_urls: Vec::new(),
+            wait: None,
         }
     }
 }
@@ -223,6 +231,24 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Claims, completions and token issues succeed only once `replicas` replicas have
+    /// them, as `WAIT replicas timeout` confirms in the same round trip as the write; so
+    /// a failover to a replica does not lose them. Fewer replicas in time is
+    /// [`Error::Store`] holding a [`NotReplicated`], never a silent success. `0` (the
+    /// default) does not wait. Each such call may take up to `timeout` more than the
+    /// store's [`timeout`](Self::timeout). Releases, renewals and the toolbox's
+    /// operations do not wait. See the README's failure model for what each setting keeps.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let b = idem_runtime::RedisStore::builder().wait_for_replicas(1, Duration::from_millis(500));
+    /// # let _ = b;
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(Wait { replicas, timeout });
+        self
+    }
+
     /// A server to subscribe on for wake-ups, for stores built from a pool (whose
     /// address a pool does not reveal). Without it such a store's waiters poll.
     /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) set it
@@ -246,11 +272,14 @@ impl RedisStoreBuilder {
     /// # Ok::<(), idem_runtime::Error>(())
     /// ```
     pub fn connect(mut self, url: &str) -> Result<RedisStore, Error> {
+        if url.starts_with("redis+sentinel:") {
+            return self.connect_sentinel_url(url);
+        }
         install_tls_provider(url);
         let bad = |e: redis::RedisError| Error::Config(format!("redis URL: {e}"));
         let conf = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
+            .set_response_timeout(Some(self.call_bound()));
         let manager = deadpool_redis::Manager::new_with_config(url, conf).map_err(bad)?;
         let pool = deadpool_redis::Pool::builder(manager)
             .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
@@ -262,6 +291,46 @@ impl RedisStoreBuilder {
             .map_err(|e| Error::Config(format!("redis pool: {e}")))?;
         self.pubsub_urls.insert(0, url.to_owned());
         self.build(Source::Single(pool))
+    }
+
+    /// A store on the primary of `service` as the sentinels at `sentinels`
+    /// (`host:port` each) name it (feature `redis-sentinel`); after a failover, calls
+    /// go to the new primary. The URL form `redis+sentinel://h1:p1,h2:p2/SERVICE[/db]`
+    /// (through [`connect`](Self::connect)) also takes a database and the data nodes'
+    /// `user:password@`. Waiters poll rather than subscribe, since the primary moves.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .wait_for_replicas(1, std::time::Duration::from_millis(500))
+    ///     .connect_sentinel(["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"], "payments")?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+    pub fn connect_sentinel<S: AsRef<str>>(
+        self,
+        sentinels: impl IntoIterator<Item = S>,
+        service: &str,
+    ) -> Result<RedisStore, Error> {
+        let hosts: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        self.connect_sentinel_url(&format!("redis+sentinel://{}/{service}", hosts.join(",")))
+    }
+
+    #[cfg(feature = "redis-sentinel")]
+    fn connect_sentinel_url(self, url: &str) -> Result<RedisStore, Error> {
+        let parsed = sentinel::SentinelUrl::parse(url)?;
+        let source = sentinel::SentinelSource::new(&parsed, self.timeout, self.call_bound())?;
+        self.build(Source::Sentinel(Arc::new(source)))
+    }
+
+    #[cfg(not(feature = "redis-sentinel"))]
+    fn connect_sentinel_url(self, _url: &str) -> Result<RedisStore, Error> {
+        Err(Error::Config(
+            "redis+sentinel:// needs idem-runtime's `redis-sentinel` feature".into(),
+        ))
     }
 
     /// A store on connections from `pool`, which the application may keep using.
@@ -344,6 +413,12 @@ impl RedisStoreBuilder {
         self.assemble(Source::Cluster(pool), clients)
     }
 
+    /// The longest a call may take: the timeout, plus the replicas' wait if any (a
+    /// connection's own response timeout must not cut a `WAIT` short).
+    fn call_bound(&self) -> Duration {
+        self.timeout + self.wait.map_or(Duration::ZERO, |w| w.timeout)
+    }
+
     fn build(self, source: Source) -> Result<RedisStore, Error> {
         let clients = self.clients()?;
         Ok(self.assemble(source, clients))
@@ -366,6 +441,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 fence_ttl_ms: millis(self.fence_ttl).max(1),
+                wait: self.wait,
             }),
         }
     }
@@ -483,13 +559,22 @@ impl RedisStore {
         script: Option<&Script>,
         cmd: &Cmd,
     ) -> Result<Result<Value, RedisError>, Error> {
+        Ok(self.exec_with(script, cmd, None).await?.map(|(v, _)| v))
+    }
+
+    /// [`exec`](Self::exec), and with `wait`, `cmd` followed by `WAIT` in the same round
+    /// trip; then `WAIT`'s reply comes back too (for [`Wait::check`]), and the bound is
+    /// the timeout plus the wait.
+    async fn exec_with(
+        &self,
+        script: Option<&Script>,
+        cmd: &Cmd,
+        wait: Option<&Wait>,
+    ) -> Result<Result<(Value, Option<Value>), RedisError>, Error> {
         let inner = &*self.inner;
-        let deadline = tokio::time::Instant::now() + inner.timeout;
-        let timed_out = || {
-            Error::store(TimedOut {
-                timeout: inner.timeout,
-            })
-        };
+        let bound = inner.timeout + wait.map_or(Duration::ZERO, |w| w.timeout);
+        let deadline = tokio::time::Instant::now() + bound;
+        let timed_out = || Error::store(TimedOut { timeout: bound });
         let mut lease = match inner.conns.ready() {
             Ok(lease) => lease,
             Err(slot) => Box::pin(tokio::time::timeout_at(deadline, inner.conns.connect(slot)))
@@ -497,6 +582,9 @@ impl RedisStore {
                 .map_err(|_| timed_out())??,
         };
         let run = async {
+            if let Some(wait) = wait {
+                return Box::pin(waited(script, cmd, wait, &mut lease.conn)).await;
+            }
             match cmd.query_async::<Value>(&mut lease.conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     match script {
@@ -506,11 +594,14 @@ impl RedisStore {
                 }
                 r => r,
             }
+            .map(|v| (v, None))
         };
         match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(v)) => Ok(Ok(v)),
             Ok(Err(e)) => {
-                if is_transport_error(&e) {
+                // A demoted primary (after a failover) answers writes with READONLY:
+                // drop the connection so the next call finds the new primary.
+                if is_transport_error(&e) || e.code() == Some("READONLY") {
                     inner.conns.retire(&lease);
                     return Err(Error::store(e));
                 }
@@ -529,19 +620,54 @@ impl RedisStore {
         self.exec(Some(script), &cmd).await?.map_err(Error::store)
     }
 
+    /// [`eval`](Self::eval) of a write that must reach the replicas asked for
+    /// ([`RedisStoreBuilder::wait_for_replicas`]): its reply, and the check to make if
+    /// the script did write.
+    async fn eval_acked(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+    ) -> Result<(Value, impl FnOnce() -> Result<(), Error> + use<'_>), Error> {
+        let wait = self.inner.wait.as_ref();
+        let (v, reply) = self
+            .exec_with(Some(script), &cmd, wait)
+            .await?
+            .map_err(Error::store)?;
+        Ok((v, move || wait.map_or(Ok(()), |w| w.check(reply.as_ref()))))
+    }
+
     /// Runs a script that answers 1/0 (or a corrupt-record report).
     async fn eval_bool(&self, key: &Key, script: &Script, cmd: Cmd) -> Result<bool, Error> {
-        match self.eval(script, cmd).await? {
-            Value::Int(n) => Ok(n == 1),
-            Value::Array(items) => Err(corrupt_from(key, &items)),
-            other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
+        bool_reply(key, self.eval(script, cmd).await?)
+    }
+
+    /// [`eval_bool`](Self::eval_bool) of a write whose 1 must reach the replicas asked for.
+    async fn eval_bool_acked(&self, key: &Key, script: &Script, cmd: Cmd) -> Result<bool, Error> {
+        let (v, confirm) = self.eval_acked(script, cmd).await?;
+        let done = bool_reply(key, v)?;
+        if done {
+            confirm()?;
         }
+        Ok(done)
+    }
+
+    /// The claim script's run and answer; a claim it made must reach the replicas.
+    async fn claim_acked(&self, key: &Key, cmd: Cmd) -> Result<ClaimOutcome, Error> {
+        let (v, confirm) = self.eval_acked(&CLAIM, cmd).await?;
+        let outcome = parse_claim(key, v)?;
+        if matches!(outcome, ClaimOutcome::Claimed { .. }) {
+            confirm()?;
+        }
+        Ok(outcome)
     }
 
     /// Whether this store's kind of connections is a Cluster.
     #[doc(hidden)]
     pub fn is_cluster(&self) -> bool {
-        !matches!(self.inner.conns.source(), Source::Single(_))
+        #[cfg(feature = "redis-cluster")]
+        return matches!(self.inner.conns.source(), Source::Cluster(_));
+        #[cfg(not(feature = "redis-cluster"))]
+        false
     }
 }
 
@@ -554,6 +680,35 @@ fn install_tls_provider(url: &str) {
     }
     #[cfg(not(feature = "tls"))]
     let _ = url;
+}
+
+/// `cmd` and `WAIT` in one pipeline (reloading `script` on `NOSCRIPT`, as [`reload`]).
+/// An error reply to `cmd` is the error; otherwise its reply and `WAIT`'s.
+async fn waited(
+    script: Option<&Script>,
+    cmd: &Cmd,
+    wait: &Wait,
+    conn: &mut self::conn::Conn,
+) -> Result<(Value, Option<Value>), RedisError> {
+    use redis::aio::ConnectionLike as _;
+    let mut pipe = redis::Pipeline::with_capacity(2);
+    pipe.add_command(cmd.clone()).add_command(wait.cmd());
+    let mut replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+    if let (Some(script), Some(Value::ServerError(e))) = (script, replies.first())
+        && e.kind() == Some(ServerErrorKind::NoScript)
+    {
+        script.load_async(conn).await?;
+        replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+    }
+    let mut replies = replies.into_iter();
+    match replies.next() {
+        Some(Value::ServerError(e)) => Err(e.into()),
+        Some(v) => Ok((v, replies.next())),
+        None => Err(RedisError::from((
+            ErrorKind::Client,
+            "no reply to a pipelined write",
+        ))),
+    }
 }
 
 /// Loads `script` (the server answered `NOSCRIPT`: it restarted or was flushed) and
@@ -655,6 +810,15 @@ fn in_progress(req: &ClaimRequest) -> ([u8; CLAIM_MAX], usize) {
     }
 }
 
+/// A 1/0 script answer (or its corrupt-record report).
+fn bool_reply(key: &Key, v: Value) -> Result<bool, Error> {
+    match v {
+        Value::Int(n) => Ok(n == 1),
+        Value::Array(items) => Err(corrupt_from(key, &items)),
+        other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
+    }
+}
+
 fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
     Error::Corrupt {
         key: *key,
@@ -748,9 +912,15 @@ impl Store for RedisStore {
                         .arg("GET")
                         .arg("PX")
                         .arg(lease);
-                    match self.exec(None, &cmd).await? {
-                        Ok(Value::Nil) => return Ok(ClaimOutcome::Claimed { fence: 0 }),
-                        Ok(Value::BulkString(b)) if b.first() == Some(&b'c') => {
+                    let wait = self.inner.wait.as_ref();
+                    match self.exec_with(None, &cmd, wait).await? {
+                        Ok((Value::Nil, reply)) => {
+                            if let Some(w) = wait {
+                                w.check(reply.as_ref())?;
+                            }
+                            return Ok(ClaimOutcome::Claimed { fence: 0 });
+                        }
+                        Ok((Value::BulkString(b), _)) if b.first() == Some(&b'c') => {
                             return parse_completed(key, b);
                         }
                         // WRONGTYPE: not a string; the script says so in its words.
@@ -760,7 +930,7 @@ impl Store for RedisStore {
                     }
                     let mut cmd = evalsha(&CLAIM, 1);
                     cmd.arg(&rec).arg(record).arg(lease).arg(channel);
-                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                    self.claim_acked(key, cmd).await
                 }
                 ClaimKind::Lock => {
                     // One allocation for both names: the record's, then its fence counter's.
@@ -772,7 +942,7 @@ impl Store for RedisStore {
                         .arg(record)
                         .arg(lease)
                         .arg(self.inner.fence_ttl_ms.max(lease + 1000));
-                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                    self.claim_acked(key, cmd).await
                 }
                 ClaimKind::Token => {
                     let mut cmd = evalsha(&CLAIM, 1);
@@ -780,7 +950,7 @@ impl Store for RedisStore {
                         .arg(record)
                         .arg(lease)
                         .arg(channel);
-                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                    self.claim_acked(key, cmd).await
                 }
             }
         })
@@ -800,7 +970,7 @@ impl Store for RedisStore {
                 .arg(value.as_ref())
                 .arg(ceil_millis(ttl))
                 .arg(self.inner.notifier.channel());
-            self.eval_bool(key, &COMPLETE, cmd).await
+            self.eval_bool_acked(key, &COMPLETE, cmd).await
         })
     }
 
@@ -840,9 +1010,19 @@ impl Store for RedisStore {
                 .arg("NX")
                 .arg("PX")
                 .arg(ceil_millis(ttl));
-            match self.exec(None, &cmd).await?.map_err(Error::store)? {
-                Value::Okay => Ok(true),
-                Value::Nil => Ok(false),
+            let wait = self.inner.wait.as_ref();
+            match self
+                .exec_with(None, &cmd, wait)
+                .await?
+                .map_err(Error::store)?
+            {
+                (Value::Okay, reply) => {
+                    if let Some(w) = wait {
+                        w.check(reply.as_ref())?;
+                    }
+                    Ok(true)
+                }
+                (Value::Nil, _) => Ok(false),
                 other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
             }
         })
