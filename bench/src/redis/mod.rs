@@ -12,6 +12,7 @@ pub mod connections;
 pub mod ctx;
 pub mod idem_ops;
 pub mod op;
+pub mod replicas;
 pub mod turns;
 pub mod wake;
 
@@ -56,12 +57,20 @@ pub const COMPARED: [Named; 7] = [
 ];
 
 /// Diagnostic cases outside the report's table (`idem-bench-redis --case NAME` only).
-pub const DIAGNOSTIC: [Named; 1] = [(
-    "two-keep",
-    "baseline",
-    baseline::TWO_RT_KEEP,
-    baseline::set_nx_px_set_xx,
-)];
+pub const DIAGNOSTIC: [Named; 2] = [
+    (
+        "new-wait1",
+        "idem",
+        replicas::DEDUP_NEW_WAIT1,
+        replicas::dedup_new_wait1,
+    ),
+    (
+        "two-keep",
+        "baseline",
+        baseline::TWO_RT_KEEP,
+        baseline::set_nx_px_set_xx,
+    ),
+];
 
 /// `cases` as [`turns::Case`]s at `tasks`, after seeding the keys the replay case reads.
 pub async fn prepare<'a>(
