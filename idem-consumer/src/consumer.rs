@@ -1,0 +1,457 @@
+//! The rules, written once over [`Delivery`]: claim, run, record, then settle.
+
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, Optimistic, Options, intern};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::counters::{Counters, Live, bump};
+use crate::effect::{Effect, Plain, Ran};
+use crate::{ConsumerError, Delivery, Handler, Horizon, Message, Source};
+
+/// Builds a [`Consumer`]; see [`Consumer::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct Builder {
+    idem: Idem,
+    opts: Options,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    derive_ids: bool,
+}
+
+/// A consumer: the rules, a handler, an idem runtime and its counters. Cheap to clone;
+/// clones share the counters.
+pub struct Consumer<E = ()> {
+    shared: Arc<Shared<E>>,
+}
+
+impl<E> Clone for Consumer<E> {
+    fn clone(&self) -> Self {
+        Consumer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<E> std::fmt::Debug for Consumer<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("operation", &self.shared.opts.name())
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<E> {
+    idem: Idem,
+    /// The user's options.
+    opts: Options,
+    /// The same with no wait: the first look, so a twin still running is seen (and
+    /// counted) before waiting for it with `opts`.
+    look: Options,
+    /// Where failed attempts are counted, per message id (kept as long as the records).
+    attempts: Optimistic,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    derive_ids: bool,
+    effect: E,
+    live: Live,
+}
+
+impl Builder {
+    /// The operation's options: its name (part of every record key), the record `ttl`
+    /// (must outlast the broker's redeliveries), the `lease` and the `wait` for a
+    /// duplicate whose twin is still running. They must be dedup options.
+    pub fn options(mut self, opts: Options) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Handler failures before a message is terminated (dead-lettered). Counted in the
+    /// store, so the count survives consumer crashes. Default 5; 0 is treated as 1.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// The nak delay after the n-th failure: `min(max, base · 2^(n-1))`. Default
+    /// 100 ms up to 30 s.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = (base, max.max(base));
+        self
+    }
+
+    /// At most this many deliveries in flight at once (default 64; 0 is treated as 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Opt-in: a message without an id is deduplicated under the digest of its payload
+    /// (`blake3:<hex>`), so two different messages with equal bodies count as one.
+    /// Default: such a message is terminated (dead-lettered) and counted as poison.
+    pub fn derive_ids_from_payload(mut self, on: bool) -> Self {
+        self.derive_ids = on;
+        self
+    }
+
+    /// The consumer, with `handler` as the effect, recorded in the idem store.
+    pub fn handler<H: Handler>(self, handler: H) -> Consumer<Plain<H>> {
+        self.build(Plain(handler))
+    }
+
+    /// The consumer in SQL transactional mode on PostgreSQL: `handler` writes through the
+    /// claim's transaction, which commits the record with the writes; the ack follows the
+    /// commit. `store` must be the idem runtime's store (or share its database and
+    /// namespace).
+    ///
+    /// A transaction left idle for the lease (a paused or hung consumer) is ended by the
+    /// server, so a redelivery can take the message over and the paused holder's commit
+    /// is refused: set the lease above the handler's longest pause between statements.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn transactional<H: crate::TxHandler>(
+        self,
+        store: idem_runtime::SqlStore,
+        handler: H,
+    ) -> Consumer<crate::tx::Transactional<H>> {
+        self.build(crate::tx::Transactional { store, handler })
+    }
+
+    fn build<E>(self, effect: E) -> Consumer<E> {
+        let attempts = Optimistic::new(intern(&format!("{}::attempts", self.opts.name())))
+            .ttl(self.opts.ttl_for());
+        Consumer {
+            shared: Arc::new(Shared {
+                look: self.opts.clone().wait(Duration::ZERO),
+                idem: self.idem,
+                opts: self.opts,
+                attempts,
+                max_attempts: self.max_attempts,
+                backoff: self.backoff,
+                concurrency: self.concurrency,
+                derive_ids: self.derive_ids,
+                effect,
+                live: Live::default(),
+            }),
+        }
+    }
+}
+
+impl Consumer {
+    /// A builder on `idem`, for the operation `opts` (dedup options: see
+    /// [`Builder::options`]).
+    pub fn builder(idem: Idem, opts: Options) -> Builder {
+        Builder {
+            idem,
+            opts,
+            max_attempts: 5,
+            backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            concurrency: 64,
+            derive_ids: false,
+        }
+    }
+}
+
+/// What happened to one delivery (also counted in [`Counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The effect ran here, was recorded, and the ack was sent.
+    Processed,
+    /// The message had completed: acked without running the handler.
+    Duplicate,
+    /// Another consumer still held the message after `wait`: nak'ed with the time left
+    /// on its lease.
+    InFlight,
+    /// The handler failed: nak'ed with backoff.
+    Retry,
+    /// Terminated (dead-lettered): `max_attempts` failures, or no message id.
+    Poison,
+    /// The store failed, or a commit's outcome is unknown: nak'ed with backoff.
+    StoreError,
+    /// The settlement the rules chose did not reach the broker (counted in
+    /// `ack_failures`); the broker delivers the message again.
+    AckFailed,
+}
+
+impl<E> Consumer<E> {
+    /// The counters so far.
+    pub fn counters(&self) -> Counters {
+        self.shared.live.snapshot()
+    }
+
+    /// The idem runtime.
+    pub fn idem(&self) -> &Idem {
+        &self.shared.idem
+    }
+}
+
+impl<E: Effect> Consumer<E> {
+    /// Checks the record ttl against how long the broker may redeliver a message: a ttl
+    /// that ends first would let a late redelivery run the effect again.
+    pub fn check_retention(&self, horizon: Horizon) -> Result<(), ConsumerError> {
+        let ttl = self.shared.opts.ttl_for();
+        match horizon {
+            Horizon::Bounded(h) if h > ttl => {
+                Err(ConsumerError::RetentionTooShort { ttl, horizon: h })
+            }
+            Horizon::Unbounded => Err(ConsumerError::UnboundedRedelivery),
+            Horizon::Unknown => {
+                tracing::info!(
+                    ?ttl,
+                    "the broker's redelivery horizon is unknown; records are kept for the ttl"
+                );
+                Ok(())
+            }
+            Horizon::Bounded(_) => Ok(()),
+        }
+    }
+
+    /// Pulls deliveries from `source` until it ends or `shutdown` resolves, with at most
+    /// `concurrency` in flight, each processed by [`Consumer::process`]. On shutdown it
+    /// stops pulling, lets the deliveries in flight finish and settle, then returns the
+    /// counters. Refuses to start if [`Consumer::check_retention`] fails.
+    pub async fn run<S: Source>(
+        &self,
+        mut source: S,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Counters, ConsumerError> {
+        self.check_retention(source.redelivery_horizon())?;
+        let slots = Arc::new(Semaphore::new(self.shared.concurrency));
+        let mut tasks = JoinSet::new();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let slot = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => slot,
+            };
+            let Ok(slot) = slot else { break };
+            let next = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                next = source.next() => next,
+            };
+            match next {
+                None => break,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "the subscription failed; pulling again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Some(Ok(delivery)) => {
+                    let me = self.clone();
+                    tasks.spawn(async move {
+                        me.process(delivery).await;
+                        drop(slot);
+                    });
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        Ok(self.counters())
+    }
+
+    /// Applies the rules to one delivery: claim its id, run the effect once, record it,
+    /// then ack (checking the broker took the ack); a duplicate is acked without running;
+    /// a twin still running elsewhere is waited for; a failure is nak'ed with backoff,
+    /// then terminated after `max_attempts`.
+    pub async fn process<D: Delivery>(&self, delivery: D) -> Outcome {
+        let s = &*self.shared;
+        let attempt = delivery.attempt();
+        if attempt > 1 {
+            bump(&s.live.redeliveries);
+        }
+        let payload = delivery.payload();
+        let id = match delivery.message_id() {
+            Some(id) if !id.is_empty() => id.to_owned(),
+            _ if s.derive_ids => format!("blake3:{}", blake3::hash(&payload).to_hex()),
+            _ => {
+                tracing::error!("a message without an id: terminated (dead-lettered)");
+                bump(&s.live.missing_id);
+                bump(&s.live.poison);
+                return self
+                    .settle(&delivery, Settle::Terminate, Outcome::Poison)
+                    .await;
+            }
+        };
+        let msg = Message {
+            id,
+            payload,
+            attempt,
+        };
+        let ran = with_progress(&delivery, self.run_effect(&msg)).await;
+        match ran {
+            Ok(Ran::Effect) => {
+                self.settle(&delivery, Settle::Ack, Outcome::Processed)
+                    .await
+            }
+            Ok(Ran::Replayed) => {
+                self.settle(&delivery, Settle::Ack, Outcome::Duplicate)
+                    .await
+            }
+            Ok(Ran::Failed(e)) => self.failed(&delivery, &msg, e).await,
+            Err(Error::InProgress { .. }) => {
+                let delay = self.lease_left(&msg).await;
+                self.settle(&delivery, Settle::Nak(delay), Outcome::InFlight)
+                    .await
+            }
+            Err(e) => {
+                tracing::warn!(id = %msg.id, error = %e, "store failure; delivering again later");
+                bump(&s.live.store_errors);
+                let delay = self.backoff(attempt);
+                self.settle(&delivery, Settle::Nak(delay), Outcome::StoreError)
+                    .await
+            }
+        }
+    }
+
+    /// The effect under its claim: a first look without waiting, so a twin still running
+    /// is counted, then the wait on the runtime (woken when the twin ends).
+    async fn run_effect(&self, msg: &Message) -> Result<Ran, Error> {
+        let s = &*self.shared;
+        match s.effect.run(&s.idem, &s.look, msg).await {
+            Err(Error::InProgress { .. }) => {
+                bump(&s.live.in_flight_duplicates);
+                s.effect.run(&s.idem, &s.opts, msg).await
+            }
+            other => other,
+        }
+    }
+
+    /// How long the holder of `msg`'s claim still holds it, by the store's clock (the
+    /// nak delay of a duplicate that waited in vain). One claim probe: if the key turns
+    /// out free it is given back at once.
+    async fn lease_left(&self, msg: &Message) -> Duration {
+        let s = &*self.shared;
+        let key = s.idem.key(&s.opts, format_args!("{}", msg.id));
+        let owner = Owner::next();
+        let req = ClaimRequest::new(ClaimKind::Dedup, owner, s.opts.lease_for());
+        match s.idem.store().claim(&key, &req).await {
+            Ok(ClaimOutcome::Busy { retry_in, .. }) => retry_in,
+            Ok(ClaimOutcome::Claimed { .. }) => {
+                let _ = s.idem.store().release(&key, owner).await;
+                Duration::ZERO
+            }
+            Ok(_) => Duration::ZERO,
+            // Transactional mode: the holder's claim is uncommitted, so invisible; it
+            // ends at most a lease after its last statement.
+            Err(_) => s.opts.lease_for(),
+        }
+    }
+
+    async fn failed<D: Delivery>(
+        &self,
+        delivery: &D,
+        msg: &Message,
+        err: idem_runtime::BoxError,
+    ) -> Outcome {
+        let s = &*self.shared;
+        bump(&s.live.handler_errors);
+        let counted = s
+            .idem
+            .update(&s.attempts, &msg.id, |n: Option<u32>| {
+                Ok::<_, Error>(n.unwrap_or(0) + 1)
+            })
+            .await;
+        let failures = match counted {
+            Ok(v) => v.value,
+            Err(e) => {
+                tracing::warn!(id = %msg.id, error = %e, "could not count the failure; delivering again later");
+                bump(&s.live.store_errors);
+                let delay = self.backoff(msg.attempt);
+                return self
+                    .settle(delivery, Settle::Nak(delay), Outcome::StoreError)
+                    .await;
+            }
+        };
+        if failures >= s.max_attempts {
+            tracing::error!(id = %msg.id, failures, error = %err, "poison message: terminated (dead-lettered)");
+            bump(&s.live.poison);
+            self.settle(delivery, Settle::Terminate, Outcome::Poison)
+                .await
+        } else {
+            tracing::warn!(id = %msg.id, failures, error = %err, "handler failed; delivering again");
+            let delay = self.backoff(failures);
+            self.settle(delivery, Settle::Nak(delay), Outcome::Retry)
+                .await
+        }
+    }
+
+    fn backoff(&self, n: u32) -> Duration {
+        let (base, max) = self.shared.backoff;
+        base.saturating_mul(1 << n.saturating_sub(1).min(20))
+            .min(max)
+    }
+
+    async fn settle<D: Delivery>(&self, delivery: &D, how: Settle, outcome: Outcome) -> Outcome {
+        let s = &*self.shared;
+        let done = match how {
+            Settle::Ack => delivery.ack().await,
+            Settle::Nak(delay) => delivery.nak(delay).await,
+            Settle::Terminate => delivery.terminate().await,
+        };
+        match done {
+            Ok(()) => {
+                match outcome {
+                    Outcome::Processed => bump(&s.live.processed),
+                    Outcome::Duplicate => bump(&s.live.duplicates),
+                    _ => {}
+                }
+                outcome
+            }
+            Err(e) => {
+                // The effect (if any) is recorded: the broker delivers the message again
+                // and that delivery is acked as a replay.
+                tracing::warn!(error = %e, ?outcome, "the broker did not take the settlement");
+                bump(&s.live.ack_failures);
+                Outcome::AckFailed
+            }
+        }
+    }
+}
+
+enum Settle {
+    Ack,
+    Nak(Duration),
+    Terminate,
+}
+
+/// Runs `fut`, telling the broker every `progress_interval` that the delivery is still
+/// being worked on. Nothing is armed if `fut` finishes on its first poll.
+async fn with_progress<D: Delivery, F: Future>(delivery: &D, fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let Some(every) = delivery.progress_interval() else {
+        return fut.await;
+    };
+    let first = poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Some(out)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await;
+    if let Some(out) = first {
+        return out;
+    }
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return out,
+            _ = tick.tick() => {
+                if let Err(e) = delivery.in_progress().await {
+                    tracing::warn!(error = %e, "in-progress signal failed");
+                }
+            }
+        }
+    }
+}
