@@ -45,6 +45,7 @@
 mod codec;
 mod error;
 mod key;
+pub mod observe;
 mod options;
 mod runtime;
 pub mod store;

@@ -50,6 +50,9 @@ pub struct Options {
     /// used in (see [`Key`](crate::Key)): options live in a `static` per function, so
     /// the framing of every key of that function is hashed once, not per call.
     pub(crate) local_prefix: OnceLock<(&'static str, [u8; 16])>,
+    /// This function's `idem_calls_total` keys, built on its first call.
+    #[cfg(feature = "metrics")]
+    pub(crate) metric_keys: OnceLock<&'static crate::observe::metrics_impl::CallKeys>,
 }
 
 /// Default time a completed record (or an issued token) is kept.
@@ -69,6 +72,8 @@ impl Options {
             wait: DEFAULT_WAIT,
             on_duplicate,
             local_prefix: OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            metric_keys: OnceLock::new(),
         }
     }
 

@@ -343,6 +343,7 @@ impl Idem {
 
     pub(crate) fn lease_lost(&self, key: &Key, observed: bool) {
         self.inner.lease_lost.fetch_add(1, Ordering::Relaxed);
+        crate::observe::lease_lost();
         tracing::warn!(
             %key,
             renewal_failed = observed,
@@ -398,6 +399,11 @@ pub(crate) mod private {
                 Ok(()) => reuse.get(memo).map(Ok),
             };
         });
+        let outcome = match found.as_ref()? {
+            Ok(_) => crate::observe::Outcome::Replayed,
+            Err(_) => crate::observe::Outcome::Mismatch,
+        };
+        crate::observe::answered_now(key, outcome);
         // The caller's error conversion runs here, outside the store's lock.
         found.map(|r| r.map_err(E::from))
     }

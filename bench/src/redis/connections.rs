@@ -5,8 +5,8 @@
 use idem_runtime::RedisStore;
 use idem_runtime::store::redis::{deadpool_redis, redis};
 
-use super::Ctx;
 use super::baseline::{key, set_nx};
+use super::ctx::Ctx;
 use crate::runner::run;
 use crate::stats::Row;
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
+use crate::observe::{self, Op};
 use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Memo, Owner, Store, Subscription};
 use crate::{Error, Fingerprint, Key};
 
@@ -19,22 +20,26 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// Claims `key`: one claim, and only if another owner holds the key, the waiting loop.
 ///
-/// Returns the first outcome that is not `Busy`, or `Ok(None)` when `wait` ran out. The
-/// waiting loop is boxed: it holds timers and subscriptions that the uncontended path
-/// (a new key, a replay) never needs, and keeping them out of the caller's future keeps
-/// that future small and cheap to move.
+/// Returns the first outcome that is not `Busy`, or `None` when `wait` ran out, and
+/// whether the call had to wait. The waiting loop is boxed: it holds timers and
+/// subscriptions that the uncontended path (a new key, a replay) never needs, and
+/// keeping them out of the caller's future keeps that future small and cheap to move.
 pub(crate) async fn claim(
     store: &dyn Store,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
-) -> Result<Option<ClaimOutcome>, Error> {
-    match store.claim(key, req).await? {
+) -> Result<(Option<ClaimOutcome>, bool), Error> {
+    let local = store.local().is_some();
+    match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
         ClaimOutcome::Busy {
             retry_in,
             fingerprint,
-        } => Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await,
-        other => Ok(Some(other)),
+        } => Ok((
+            Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await?,
+            true,
+        )),
+        other => Ok((Some(other), false)),
     }
 }
 
@@ -45,9 +50,10 @@ pub(crate) async fn claim_memo(
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
-) -> Result<(Option<ClaimOutcome>, Option<Memo>), Error> {
+) -> Result<(Option<ClaimOutcome>, Option<Memo>, bool), Error> {
     let Some(local) = store.local() else {
-        return Ok((claim(store, key, req, wait).await?, None));
+        let (outcome, waited) = claim(store, key, req, wait).await?;
+        return Ok((outcome, None, waited));
     };
     match local.claim_now(key, req)? {
         (
@@ -58,9 +64,9 @@ pub(crate) async fn claim_memo(
             _,
         ) => {
             let waited = Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await?;
-            Ok((waited, None))
+            Ok((waited, None, true))
         }
-        (other, memo) => Ok((Some(other), memo)),
+        (other, memo) => Ok((Some(other), memo, false)),
     }
 }
 
@@ -75,10 +81,24 @@ async fn wait_busy(
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
+    retry_in: Duration,
+    fingerprint: Option<Fingerprint>,
+) -> Result<Option<ClaimOutcome>, Error> {
+    let start = Instant::now();
+    let out = wait_loop(store, key, req, start + wait, retry_in, fingerprint).await;
+    observe::waited(start.elapsed());
+    out
+}
+
+async fn wait_loop(
+    store: &dyn Store,
+    key: &Key,
+    req: &ClaimRequest,
+    deadline: Instant,
     mut retry_in: Duration,
     mut fingerprint: Option<Fingerprint>,
 ) -> Result<Option<ClaimOutcome>, Error> {
-    let deadline = Instant::now() + wait;
+    let local = store.local().is_some();
     let mut sub: Option<Subscription> = None;
     let mut poll = POLL_MIN;
     loop {
@@ -99,13 +119,14 @@ async fn wait_busy(
                 } else {
                     // Subscribed: look again before sleeping, the twin may have just ended.
                     sub = Some(s);
-                    (retry_in, fingerprint) = match store.claim(key, req).await? {
-                        ClaimOutcome::Busy {
-                            retry_in,
-                            fingerprint,
-                        } => (retry_in, fingerprint),
-                        other => return Ok(Some(other)),
-                    };
+                    (retry_in, fingerprint) =
+                        match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
+                            ClaimOutcome::Busy {
+                                retry_in,
+                                fingerprint,
+                            } => (retry_in, fingerprint),
+                            other => return Ok(Some(other)),
+                        };
                     continue;
                 }
             }
@@ -127,13 +148,14 @@ async fn wait_busy(
         if never {
             sub = Some(Subscription::never());
         }
-        (retry_in, fingerprint) = match store.claim(key, req).await? {
-            ClaimOutcome::Busy {
-                retry_in,
-                fingerprint,
-            } => (retry_in, fingerprint),
-            other => return Ok(Some(other)),
-        };
+        (retry_in, fingerprint) =
+            match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
+                ClaimOutcome::Busy {
+                    retry_in,
+                    fingerprint,
+                } => (retry_in, fingerprint),
+                other => return Ok(Some(other)),
+            };
     }
 }
 
@@ -297,7 +319,9 @@ pub(crate) async fn with_heartbeat<F: Future>(
                 if !fired {
                     break;
                 }
-                renewing = Some(store.renew(key, owner, lease));
+                let local = store.local().is_some();
+                let renew = store.renew(key, owner, lease);
+                renewing = Some(Box::pin(observe::store_call(local, Op::Renew, renew)));
             }
         }
         Poll::Pending

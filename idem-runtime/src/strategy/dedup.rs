@@ -11,17 +11,40 @@ use super::claim::{
     ClaimGuard, check_fingerprint, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat,
 };
 use crate::codec::{CloneReplay, Codec, NoReplay};
+use crate::observe::{self, Op, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 
-/// Claim, run, then complete (or release on a non-cached `Err`).
+/// Claim, run, then complete (or release on a non-cached `Err`), in the call's `idem`
+/// span (see [`observe`]).
 ///
 /// `reuse`: replay by clone on an in-process store (see [`CloneReplay`]).
 ///
 /// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that
 /// entry points can return this future directly instead of wrapping it in another.
-pub(crate) async fn run<C, T, E, F>(
+pub(crate) fn run<C, T, E, F>(
+    idem: impl Deref<Target = Idem>,
+    opts: &Options,
+    kind: ClaimKind,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    observe::instrument(
+        opts,
+        &key,
+        call::<C, T, E, F>(idem, opts, kind, key, fingerprint, reuse, body),
+    )
+}
+
+async fn call<C, T, E, F>(
     idem: impl Deref<Target = Idem>,
     opts: &Options,
     kind: ClaimKind,
@@ -38,34 +61,51 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-    let (outcome, memo) = claim_memo(&**store, &key, &req, opts.wait)
+    let (outcome, memo, waited) = claim_memo(&**store, &key, &req, opts.wait)
         .await
-        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?;
-    match outcome {
-        Some(ClaimOutcome::Claimed { .. }) => {}
+        .inspect_err(|e| {
+            observe::failed(opts, &key, e);
+            undo_uncertain_claim(store, key, owner, e)
+        })?;
+    let refused = match outcome {
+        Some(ClaimOutcome::Claimed { .. }) => None,
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,
         }) => {
-            check_fingerprint(&key, fingerprint, stored)?;
-            if opts.on_duplicate == OnDuplicate::Reject {
-                return Err(Error::Duplicate { key }.into());
+            let replayed = if waited {
+                Outcome::Waited
+            } else {
+                Outcome::Replayed
+            };
+            if let Err(e) = check_fingerprint(&key, fingerprint, stored) {
+                Some(e)
+            } else if opts.on_duplicate == OnDuplicate::Reject {
+                Some(Error::Duplicate { key })
+            } else {
+                if let (Some(reuse), Some(memo)) = (&reuse, &memo)
+                    && let Some(v) = reuse.get(&**memo)
+                {
+                    observe::outcome(opts, &key, replayed);
+                    return Ok(v);
+                }
+                let decoded =
+                    C::decode(&key, &value).inspect_err(|e| observe::failed(opts, &key, e))?;
+                if let (Some(reuse), Some(local), Ok(v)) = (&reuse, store.local(), &decoded) {
+                    // Only a value decoded from the record is kept, so a clone of it is
+                    // exactly what the next decode would give.
+                    local.memoize(&key, &value, reuse.make(v));
+                }
+                observe::outcome(opts, &key, replayed);
+                return decoded;
             }
-            if let (Some(reuse), Some(memo)) = (&reuse, &memo)
-                && let Some(v) = reuse.get(&**memo)
-            {
-                return Ok(v);
-            }
-            let decoded = C::decode(&key, &value)?;
-            if let (Some(reuse), Some(local), Ok(v)) = (&reuse, store.local(), &decoded) {
-                // Only a value decoded from the record is kept, so a clone of it is
-                // exactly what the next decode would give.
-                local.memoize(&key, &value, reuse.make(v));
-            }
-            return decoded;
         }
-        Some(ClaimOutcome::Missing) => return Err(Error::TokenInvalid { key }.into()),
-        None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::InProgress { key }.into()),
+        Some(ClaimOutcome::Missing) => Some(Error::TokenInvalid { key }),
+        None | Some(ClaimOutcome::Busy { .. }) => Some(Error::InProgress { key }),
+    };
+    if let Some(e) = refused {
+        observe::failed(opts, &key, &e);
+        return Err(e.into());
     }
 
     // From here until the record is completed or released, a drop (cancellation or panic)
@@ -79,20 +119,28 @@ where
         <NoReplay as Codec<(), ()>>::encode(&key, &Ok(()))
     })?;
     let settle = encoded.map(|bytes| (bytes, opts.ttl));
+    let local = store.local().is_some();
     let outcome = match &settle {
-        Some((bytes, ttl)) => store.complete(&key, owner, bytes.clone(), *ttl).await,
-        None => store.release(&key, owner).await,
+        Some((bytes, ttl)) => {
+            let done = store.complete(&key, owner, bytes.clone(), *ttl);
+            observe::store_call(local, Op::Complete, done).await
+        }
+        None => observe::store_call(local, Op::Release, store.release(&key, owner)).await,
     };
     guard.disarm();
     match outcome {
-        Ok(true) => {}
-        Ok(false) => idem.lease_lost(&key, lost),
+        Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
+        Ok(false) => {
+            observe::outcome(opts, &key, Outcome::LeaseLost);
+            idem.lease_lost(&key, lost)
+        }
         Err(e) => {
             // The effect happened; the caller gets its result. The claim stays (so
             // duplicates wait rather than run again) while the result is recorded in the
             // background; if the store stays down, the claim ends with its lease.
+            observe::outcome(opts, &key, Outcome::StoreError);
             idem.count_store_failure();
-            tracing::error!(%key, error = %e, "could not record the result; retrying in the background");
+            tracing::warn!(%key, error = %e, "could not record the result; retrying in the background");
             retry_settle(store.clone(), key, owner, settle);
         }
     }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::ops::Deref;
 
 use super::claim::{ClaimGuard, claim, retry_settle, undo_uncertain_claim, with_heartbeat};
+use crate::observe::{self, Op, Outcome};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
 
@@ -35,7 +36,21 @@ pub fn fence() -> Option<u64> {
     FENCE.try_with(|f| *f).ok()
 }
 
-pub(crate) async fn run<T, E, F>(
+/// Acquire, run, release, in the call's `idem` span (see [`observe`]).
+pub(crate) fn run<T, E, F>(
+    idem: impl Deref<Target = Idem>,
+    opts: &Options,
+    key: Key,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    observe::instrument(opts, &key, call(idem, opts, key, body))
+}
+
+async fn call<T, E, F>(
     idem: impl Deref<Target = Idem>,
     opts: &Options,
     key: Key,
@@ -48,29 +63,43 @@ where
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(ClaimKind::Lock, owner, opts.lease);
-    let fence = match claim(&**store, &key, &req, opts.wait)
+    let claimed = claim(&**store, &key, &req, opts.wait)
         .await
-        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e))?
-    {
-        Some(ClaimOutcome::Claimed { fence }) => fence,
-        None | Some(ClaimOutcome::Busy { .. }) => return Err(Error::Locked { key }.into()),
-        Some(_) => {
-            return Err(Error::Corrupt {
+        .inspect_err(|e| undo_uncertain_claim(store, key, owner, e));
+    let fence = match claimed {
+        Ok((Some(ClaimOutcome::Claimed { fence }), _)) => fence,
+        Ok((None | Some(ClaimOutcome::Busy { .. }), _)) => {
+            let e = Error::Locked { key };
+            observe::failed(opts, &key, &e);
+            return Err(e.into());
+        }
+        Ok((Some(_), _)) => {
+            let e = Error::Corrupt {
                 key,
                 reason: "a lock key holds a record that is not a lock".into(),
-            }
-            .into());
+            };
+            observe::failed(opts, &key, &e);
+            return Err(e.into());
+        }
+        Err(e) => {
+            observe::failed(opts, &key, &e);
+            return Err(e.into());
         }
     };
     let mut guard = ClaimGuard::new(store.clone(), key, owner);
     let (result, lost) =
         with_heartbeat(&**store, &key, owner, opts.lease, FENCE.scope(fence, body)).await;
-    let released = store.release(&key, owner).await;
+    let local = store.local().is_some();
+    let released = observe::store_call(local, Op::Release, store.release(&key, owner)).await;
     guard.disarm();
     match released {
-        Ok(true) => {}
-        Ok(false) => idem.lease_lost(&key, lost),
+        Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
+        Ok(false) => {
+            observe::outcome(opts, &key, Outcome::LeaseLost);
+            idem.lease_lost(&key, lost)
+        }
         Err(e) => {
+            observe::outcome(opts, &key, Outcome::StoreError);
             idem.count_store_failure();
             tracing::warn!(%key, error = %e, "unlock failed; retrying in the background");
             retry_settle(store.clone(), key, owner, None);

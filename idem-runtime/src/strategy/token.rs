@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::observe::{self, Op};
 use crate::{Error, Idem};
 
 /// Issues a token valid for `ttl` in `idem`'s namespace: 128 bits from the OS RNG as 32
@@ -19,7 +20,9 @@ pub(crate) async fn issue(idem: &Idem, ttl: Duration) -> Result<String, Error> {
         let key = idem.token_key(&token);
         // A collision of 128 random bits does not happen in practice; if the store says
         // the slot is taken anyway, draw again rather than hand out a shared token.
-        if idem.store().issue(&key, ttl).await? {
+        let store = idem.store();
+        let issued = store.issue(&key, ttl);
+        if observe::store_call(store.local().is_some(), Op::Issue, issued).await? {
             return Ok(token);
         }
     }
