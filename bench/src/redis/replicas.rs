@@ -25,11 +25,12 @@ pub(crate) fn dedup_new_wait1(ctx: &Ctx) -> Op {
                 .store(store)
                 .namespace(ctx.run.to_string())
                 .build()
-        });
+        })
+        .map_err(|e| e.to_string());
     op(move |t, i| {
         let idem = idem.clone();
         async move {
-            let idem = idem.map_err(|e| e.to_string())?;
+            let idem = idem?;
             let v: u64 = idem
                 .dedup(
                     &NEW_WAITED,
