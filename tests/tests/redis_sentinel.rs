@@ -85,6 +85,9 @@ fn is_not_replicated(e: &Error) -> bool {
     matches!(e, Error::Store(source) if source.downcast_ref::<NotReplicated>().is_some())
 }
 
+/// One call: its key, whether its body ran, whether it succeeded, how long it took.
+type Call = (u64, bool, bool, Duration);
+
 /// Calls keep going while the primary is killed and a replica promoted: each call that
 /// fails gets `Error::Store` (and its body did not run), and calls reach the new primary
 /// afterwards through the same store, without rebuilding anything.
@@ -98,8 +101,7 @@ async fn calls_through_sentinel_reach_the_new_primary_after_a_failover() {
     let idem = Idem::builder().store(store).namespace("failover").build();
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
-    // (key, body ran, outcome ok, time the call took)
-    let calls: Arc<Mutex<Vec<(u64, bool, bool, Duration)>>> = Arc::default();
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
     let mut workers = Vec::new();
     for _ in 0..8 {
         let (idem, stop, next, calls) = (idem.clone(), stop.clone(), next.clone(), calls.clone());
