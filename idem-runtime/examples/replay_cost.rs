@@ -65,7 +65,11 @@ fn main() -> Result<(), Error> {
             }
             best = best.min(start.elapsed().as_nanos() as f64 / f64::from(n));
         }
-        let on = if cfg!(feature = "metrics") { "on" } else { "off" };
+        let on = if cfg!(feature = "metrics") {
+            "on"
+        } else {
+            "off"
+        };
         println!("replay_cost metrics={on} {best:.1} ns/call");
         Ok(())
     })

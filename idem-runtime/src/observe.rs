@@ -350,7 +350,10 @@ pub(crate) mod metrics_impl {
         match slot.get() {
             Some((s, keys)) if std::ptr::eq(*s, scope) => keys,
             Some(_) => intern(scope, Strategy::Dedup),
-            None => slot.get_or_init(|| (scope, intern(scope, Strategy::Dedup))).1,
+            None => {
+                slot.get_or_init(|| (scope, intern(scope, Strategy::Dedup)))
+                    .1
+            }
         }
     }
 

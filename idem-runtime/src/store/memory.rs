@@ -1,5 +1,6 @@
 //! The embedded store: records in process memory.
 
+mod operate;
 mod toolbox;
 
 use std::any::Any;
@@ -17,7 +18,7 @@ use super::{
     BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner, Settle, Store,
     Subscription, TransitionOutcome, TransitionRequest, VersionedBytes,
 };
-use crate::{Error, Fingerprint, Key};
+use crate::{Error, Fingerprint, Key, RecordInfo};
 
 /// Many small shards rather than a few large ones: a shard grows (and is swept) in one
 /// step under its lock, so its size bounds the longest wait of a call that meets it.
@@ -81,6 +82,8 @@ enum State {
         lease_until: Instant,
         /// For a claimed token: when the token itself expires, restored on release.
         token_expires: Option<Instant>,
+        /// A lock's fencing token (0 for dedup and token claims), for inspection.
+        fence: u64,
     },
     Completed {
         value: Bytes,
@@ -197,6 +200,7 @@ impl MemoryStore {
                         owner: req.owner,
                         lease_until,
                         token_expires: Some(token_expires),
+                        fence: 0,
                     };
                     e.expires_at = token_expires.max(lease_until);
                     e.fingerprint = req.fingerprint;
@@ -220,6 +224,7 @@ impl MemoryStore {
                     owner: req.owner,
                     lease_until,
                     token_expires: None,
+                    fence,
                 },
                 fingerprint: req.fingerprint,
                 expires_at: lease_until,
@@ -291,6 +296,7 @@ impl MemoryStore {
                 owner: o,
                 lease_until,
                 token_expires,
+                ..
             } if *o == owner && *lease_until > now => {
                 *lease_until = now + lease;
                 e.expires_at = token_expires.map_or(*lease_until, |t| t.max(*lease_until));
@@ -474,6 +480,14 @@ impl Store for MemoryStore {
 
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         ready(self.subscribe_now(key))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        ready(self.inspect_now(key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        ready(self.forget_now(key))
     }
 
     fn load_versioned<'a>(

@@ -52,6 +52,7 @@
 
 mod conn;
 mod notify;
+mod operate;
 mod toolbox;
 
 use std::sync::{Arc, LazyLock};
@@ -846,6 +847,21 @@ impl Store for RedisStore {
                 other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
             }
         })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+        Box::pin(self.inspect_record(key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.forget_record(key))
+    }
+
+    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+        Some(self)
     }
 
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {

@@ -63,8 +63,10 @@ mod batch;
 mod in_tx;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod operate;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod reach;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod toolbox;
@@ -73,6 +75,7 @@ mod tx;
 pub use in_tx::TxConn;
 #[doc(hidden)]
 pub use in_tx::{TxBegun, TxClaim, tx_begin, tx_end};
+pub use reach::{Cause, Unreachable};
 pub use tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
 
 /// The client crate, re-exported so that pools built by the application and the ones
@@ -402,6 +405,7 @@ impl SqlStore {
         match scheme {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
+                reach_before_pool::<sqlx::postgres::PgConnectOptions>(url, "PostgreSQL").await?;
                 let pool = pool_options::<sqlx::Postgres>(16)
                     .connect(url)
                     .await
@@ -411,6 +415,7 @@ impl SqlStore {
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
+                reach_before_pool::<sqlx::mysql::MySqlConnectOptions>(&url, "MySQL").await?;
                 let pool = pool_options::<sqlx::MySql>(16)
                     .connect(&url)
                     .await
@@ -685,14 +690,34 @@ impl SqlStore {
         PurgeTask(handle)
     }
 
+    /// Bounds a store call by the timeout; a call with no answer after a moment looks
+    /// at the server itself, so a database that refuses connections is reported at once
+    /// with its address and the cause (see [`Unreachable`]).
     async fn bounded<T>(&self, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::store(format!(
-                "{} store call timed out after {:?}",
-                self.backend_name(),
-                self.timeout
-            ))),
+        reach::bounded(self.timeout, self.backend_name(), fut, |within| {
+            self.probe(within)
+        })
+        .await
+    }
+
+    /// One connection attempt beside the pool, to name why the server is unreachable.
+    async fn probe(&self, within: Duration) -> Result<(), Unreachable> {
+        match &self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => {
+                let o = p.connect_options();
+                let server = format!("{}:{}", o.get_host(), o.get_port());
+                reach::probe(&*o, "PostgreSQL", server, within).await
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql { pool, .. } => {
+                let o = pool.connect_options();
+                let server = format!("{}:{}", o.get_host(), o.get_port());
+                reach::probe(&*o, "MySQL", server, within).await
+            }
+            // A file: the pool fails at once with the file's own error.
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => Ok(()),
         }
     }
 
@@ -930,6 +955,47 @@ impl Store for SqlStore {
         }))
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+        Box::pin(self.bounded(async move {
+            let row = match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::inspect(p, key).await?,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, .. } => mysql::inspect(pool, key).await?,
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::inspect(p, key).await?,
+            };
+            row.map(|r| r.into_info(key)).transpose()
+        }))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let done = self
+                .bounded(async {
+                    match &self.backend {
+                        #[cfg(feature = "postgres")]
+                        Backend::Postgres(p) => postgres::forget(p, key).await,
+                        #[cfg(feature = "mysql")]
+                        Backend::MySql { pool, .. } => mysql::forget(pool, key).await,
+                        #[cfg(feature = "sqlite")]
+                        Backend::Sqlite(p) => sqlite::forget(p, key).await,
+                    }
+                })
+                .await?;
+            // Waiters in this process claim again at once; others poll.
+            self.watchers.wake(key);
+            Ok(done)
+        })
+    }
+
+    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+        Some(self)
+    }
+
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         let mut rx = self.watchers.subscribe(key);
         Box::pin(std::future::ready(Ok(Subscription::new(async move {
@@ -1016,4 +1082,39 @@ impl Store for SqlStore {
             Backend::Sqlite(_) => "sql-sqlite",
         }
     }
+}
+
+impl crate::RecordCounts for SqlStore {
+    fn count_records<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<crate::RecordCount>, Error>> {
+        Box::pin(self.bounded(async move {
+            let rows = match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::count(p, namespace).await?,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, .. } => mysql::count(pool, namespace).await?,
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::count(p, namespace).await?,
+            };
+            Ok(operate::counts(rows))
+        }))
+    }
+}
+
+/// Before a pool is built (whose first connection would retry a refused server until
+/// its acquire timeout), one direct attempt names an unreachable server and why.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn reach_before_pool<O>(url: &str, backend: &'static str) -> Result<(), Error>
+where
+    O: sqlx::ConnectOptions + std::str::FromStr<Err = sqlx::Error>,
+    O::Connection: Sized,
+{
+    let opts: O = url
+        .parse()
+        .map_err(|e| Error::Config(format!("bad {backend} url: {e}")))?;
+    reach::probe(&opts, backend, reach::server_of(url), DEFAULT_TIMEOUT)
+        .await
+        .map_err(Error::store)
 }
