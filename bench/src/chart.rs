@@ -19,7 +19,7 @@ const COLORS: [&str; 10] = [
     "#777777", "#AAAAAA",
 ];
 
-pub(crate) fn svg(title: &str, series: &[Series]) -> String {
+pub fn svg(title: &str, series: &[Series]) -> String {
     let pts = series
         .iter()
         .flat_map(|s| s.points.iter())

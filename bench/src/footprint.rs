@@ -1,4 +1,4 @@
-//! Issue 6, item 2: memory per million completed records.
+//! Memory per million completed records.
 //!
 //! In memory, each store fills in a child process of its own (so one store's freed pages
 //! do not hide the next one's growth) and reports its resident-set growth. In Redis, the
@@ -12,7 +12,7 @@ use cached::proc_macro::cached;
 use idem_runtime::store::redis::redis;
 use idem_runtime::{Idem, MemoryStore, Options};
 
-use crate::Args;
+use crate::args::Args;
 use crate::load::{self, Ctx, Plan};
 use crate::peers;
 use crate::report::{Report, fmt_bytes, markdown_table};
@@ -39,7 +39,7 @@ fn rss_bytes() -> u64 {
 
 /// `--footprint-child KIND N`: fill a store with N completed records, print
 /// `rss_before rss_after`.
-pub(crate) fn child(args: Vec<String>) -> ExitCode {
+pub fn child(args: Vec<String>) -> ExitCode {
     let (Some(kind), Some(n)) = (
         args.first(),
         args.get(1).and_then(|n| n.parse::<u64>().ok()),

@@ -1,4 +1,4 @@
-//! Issue 6's guarantee check: the same concurrent-duplicate workload through idem and
+//! The guarantee check: the same concurrent-duplicate workload through idem and
 //! each peer, counting how often the body really ran.
 //!
 //! Per key, `CALLERS` tasks call at once (released by a barrier); the body sleeps a
@@ -24,7 +24,7 @@ use idem_runtime::store::redis::redis;
 use idem_runtime::{Options, RedisStore, idempotent};
 use tokio::sync::Barrier;
 
-use crate::Args;
+use crate::args::Args;
 use crate::load;
 use crate::peers;
 use crate::report::{Report, markdown_table};
@@ -485,7 +485,7 @@ async fn slow_check(url: &str, kind: &str, store: &RedisStore) -> String {
 }
 
 /// `--child crash KIND URL KEY PREFIX`: take the claim, say so, die inside the body.
-pub(crate) fn child(args: Vec<String>) -> ExitCode {
+pub fn child(args: Vec<String>) -> ExitCode {
     let [what, kind, url, key, prefix] = &args[..] else {
         eprintln!("child: bad arguments {args:?}");
         return ExitCode::FAILURE;

@@ -1,5 +1,5 @@
-//! Issue 6: idem beside the crates a user would otherwise pick, on the same function and
-//! workload, at 1 and 50 tasks.
+//! The peer families: idem beside the crates a user would otherwise pick, on the same
+//! function and workload, at 1 and 50 tasks.
 //!
 //! In memory: `#[idempotent]` on `MemoryStore` against `cached`'s `#[cached]` (its
 //! default unbounded store behind one lock) and `#[concurrent_cached]` (its sharded
@@ -18,7 +18,7 @@ use cached::proc_macro::{cached, concurrent_cached};
 use idem_runtime::store::redis::redis;
 use idem_runtime::{Idem, MemoryStore, Options, RedisStore, idempotent};
 
-use crate::Args;
+use crate::args::Args;
 use crate::load::{self, Ctx};
 use crate::report::Report;
 use crate::work::{BenchError, Receipt, receipt};
@@ -255,6 +255,17 @@ where
         }
     }
     Err(BenchError("hand-written: gave up waiting".into()))
+}
+
+/// The `peers` family: the memory peers (unless the `memory` family runs them), then the
+/// Redis peers when there is a `--redis`.
+pub(crate) async fn run(args: &Args, report: &mut Report) {
+    if !args.wants("memory") {
+        memory(args, report).await;
+    }
+    if let Some(url) = &args.redis {
+        redis(args, url, report).await;
+    }
 }
 
 pub(crate) async fn redis(args: &Args, url: &str, report: &mut Report) {

@@ -65,7 +65,7 @@ pub(crate) struct Ratio {
 
 /// One series of the throughput-vs-concurrency chart.
 #[derive(Debug, Clone)]
-pub(crate) struct Series {
+pub struct Series {
     pub(crate) name: String,
     /// (tasks, ops/s)
     pub(crate) points: Vec<(usize, f64)>,
@@ -73,10 +73,10 @@ pub(crate) struct Series {
 
 /// Everything a run found, printed at the end (and kept for the chart).
 #[derive(Debug, Default)]
-pub(crate) struct Report {
+pub struct Report {
     pub(crate) rows: Vec<Row>,
     pub(crate) ratios: Vec<Ratio>,
-    pub(crate) series: Vec<Series>,
+    pub series: Vec<Series>,
     /// Extra Markdown tables (guarantees, footprint), already rendered.
     pub(crate) sections: Vec<(String, String)>,
     pub(crate) notes: Vec<String>,
@@ -152,7 +152,7 @@ impl Report {
     }
 
     /// The whole report as text: the table, the ratio lines, the other sections, notes.
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let mut out = String::new();
         let mut table = vec![vec![
             "group".to_owned(),

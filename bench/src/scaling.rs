@@ -1,10 +1,10 @@
-//! Issue 6, item 2: throughput from 1 to 256 concurrent tasks, for idem and the peers,
+//! Throughput from 1 to 256 concurrent tasks, for idem and the peers,
 //! in memory and (with `--redis`) on Redis. The series feed the chart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Args;
+use crate::args::Args;
 use crate::load::{self, Ctx, Plan};
 use crate::peers::{self, REPLAY_BASE};
 use crate::report::{Report, Series, fmt_rate, markdown_table};

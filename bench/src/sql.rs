@@ -1,9 +1,9 @@
-//! SQL store cases of the load program: dedup of a new key and replay of a completed
-//! one, beside a raw `INSERT … ON CONFLICT DO NOTHING` of a new key on the same pool in
-//! the same run, at 1 and 50 concurrent tasks.
+//! The SQL family: dedup of a new key and replay of a completed one, beside a raw
+//! `INSERT … ON CONFLICT DO NOTHING` of a new key on the same pool in the same run, at 1
+//! and 50 concurrent tasks.
 //!
-//! Prints a table and `ratio CASE VALUE` lines (idem's throughput over the raw
-//! baseline's; higher is better).
+//! [`run_url`] prints a table and `ratio CASE VALUE` lines (idem's throughput over the
+//! raw baseline's; higher is better) as it goes: it is also the `idem-bench-sql` program.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
 use idem_runtime::{Error, Idem, Options, SqlStore};
 
+use crate::args::Args;
+use crate::report::{Report, Summary};
+use crate::work;
+
 static NEW: Options = Options::dedup("bench::sql_new");
 static REPLAY: Options = Options::dedup("bench::sql_replay");
 static NEW_ASYNC: Options = Options::dedup("bench::sql_new_async");
@@ -19,20 +23,20 @@ static TX_NEW: Options = Options::dedup("bench::sql_tx_new");
 
 /// One measured case.
 #[derive(Debug, Clone)]
-pub(crate) struct Row {
+pub struct Row {
     /// Backend name: postgres, mysql, sqlite.
-    pub(crate) backend: &'static str,
+    pub backend: &'static str,
     /// Case name.
-    pub(crate) case: &'static str,
+    pub case: &'static str,
     /// Concurrent tasks.
-    pub(crate) tasks: usize,
+    pub tasks: usize,
     /// Operations per second.
-    pub(crate) ops: f64,
+    pub ops: f64,
 }
 
 /// Runs every SQL case against `url` for `per_case` each and prints the table and
 /// ratio lines.
-pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
+pub async fn run_url(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
     let store = SqlStore::connect(url).await?;
     let backend = store.backend_name();
     let table = "idem_bench_raw";
@@ -235,10 +239,64 @@ pub(crate) async fn run(url: &str, per_case: Duration) -> Result<Vec<Row>, Error
     Ok(rows)
 }
 
+/// The family, once per `--sql` URL. [`run_url`] prints its own table and ratio lines as
+/// it goes; the rows are gathered here too, so the run's one table and its final ratio
+/// block (same names, same values) are complete.
+pub(crate) async fn run(args: &Args, report: &mut Report) {
+    for url in &args.sql {
+        eprintln!("  sql {}", work::scheme(url));
+        match run_url(url, args.window().1).await {
+            Ok(rows) => gather(&rows, report),
+            Err(e) => report.note(format!("sql cases for {} failed: {e}", work::scheme(url))),
+        }
+    }
+}
+
+fn gather(rows: &[Row], report: &mut Report) {
+    let summary = |r: &Row| Summary {
+        tasks: r.tasks,
+        ops_per_sec: r.ops,
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+        errors: 0,
+    };
+    for r in rows {
+        report.add_summary(&format!("sql/{}", r.backend), r.case, summary(r));
+    }
+    for tasks in [1usize, 50] {
+        let get = |case: &str| {
+            rows.iter()
+                .find(|r| r.case == case && r.tasks == tasks)
+                .map(summary)
+        };
+        let (Some(raw), Some(new), Some(replay)) =
+            (get("raw-insert-new"), get("dedup-new"), get("dedup-replay"))
+        else {
+            continue;
+        };
+        let backend = rows.first().map_or("?", |r| r.backend);
+        let what = format!(
+            "raw INSERT … ON CONFLICT DO NOTHING on the same {backend} pool, {tasks} tasks"
+        );
+        report.ratio(
+            format!("sql-{backend}-dedup-new-vs-raw-insert-t{tasks}"),
+            &new,
+            &raw,
+            &format!("idem dedup new key / {what}"),
+        );
+        report.ratio(
+            format!("sql-{backend}-dedup-replay-vs-raw-insert-t{tasks}"),
+            &replay,
+            &raw,
+            &format!("idem dedup replay / {what}"),
+        );
+    }
+}
+
+/// Adds `ops` to the row of (`case`, `tasks`), creating it.
 /// How many turns each case takes (the measured time per case is split among them).
 const ROUNDS: u32 = 5;
 
-/// Adds `ops` to the row of (`case`, `tasks`), creating it.
 fn add(rows: &mut Vec<Row>, backend: &'static str, case: &'static str, tasks: usize, ops: f64) {
     match rows.iter_mut().find(|r| r.case == case && r.tasks == tasks) {
         Some(r) => r.ops += ops,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Args;
+use crate::args::Args;
 
 /// What the measured function returns and what a replay gives back: the size of a
 /// typical small business result.

@@ -1,3 +1,138 @@
 //! An `Idempotency-Key` layer for tower and axum services, on any idem store.
+//!
+//! Clients retry. A mobile app resends `POST /payments` after a timeout, a partner
+//! replays a webhook, a user double-clicks "Pay". [`IdempotencyLayer`] makes such routes
+//! safe to retry: the handler runs once per key, and every retry gets the first
+//! response back. It follows draft-ietf-httpapi-idempotency-key-header where the draft
+//! speaks and Stripe's API where it is silent, and works on every store of
+//! [`idem_runtime`] (memory, Redis, SQL), so retries that land on another server replica
+//! are caught too.
+//!
+//! ```
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use idem_http::IdempotencyLayer;
+//! use idem_runtime::Idem;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+//! async fn pay(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+//!     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     (StatusCode::CREATED, Json(serde_json::json!({ "order": order["order"], "payment_id": run })))
+//! }
+//!
+//! let idem = Idem::builder().namespace("shop").build(); // or a RedisStore, a SqlStore
+//! let app = Router::new()
+//!     .route("/payments", post(pay))
+//!     .layer(IdempotencyLayer::new(idem));
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let url = format!("http://{}/payments", listener.local_addr()?);
+//! tokio::spawn(async move { axum::serve(listener, app).await });
+//!
+//! let client = reqwest::Client::new();
+//! let send = || {
+//!     client.post(&url)
+//!         .header("Idempotency-Key", "\"order-7\"")
+//!         .header("Content-Type", "application/json")
+//!         .body(r#"{"order":7}"#)
+//! };
+//! let first = send().send().await?;
+//! assert_eq!(first.status(), 201);
+//! let first = first.text().await?;
+//!
+//! let retry = send().send().await?;
+//! assert_eq!(retry.status(), 201);                          // the stored status,
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! assert_eq!(retry.text().await?, first);                   // the same body: same payment_id
+//! assert_eq!(RUNS.load(std::sync::atomic::Ordering::SeqCst), 1);
+//!
+//! let other = client.post(&url)
+//!     .header("Idempotency-Key", "order-7") // bare: the same key as "order-7" quoted
+//!     .header("Content-Type", "application/json")
+//!     .body(r#"{"order":8}"#);
+//! assert_eq!(other.send().await?.status(), 422);            // same key, another request
+//! # Ok(()) }
+//! ```
+//!
+//! # The contract
+//!
+//! | situation | answer |
+//! |---|---|
+//! | key missing on a required route | 400 |
+//! | key malformed: not a Structured Field string or bare key of 1–255 printable ASCII characters, or several keys | 400 |
+//! | the same key sent quoted (`"abc"`) and bare (`abc`) | one key: the second is a retry of the first |
+//! | same key, different request (method, path, query, body digest, Content-Type) | 422 |
+//! | same key, twin still in flight and `wait` ran out | 409 with `Retry-After` |
+//! | same key, completed | the stored status, body and allow-listed headers, plus `Idempotent-Replayed: true` |
+//! | request body over `max_request_bytes` | 413; the handler does not run |
+//! | the store down or timing out | 503 with `Retry-After`; the handler does not run |
+//! | token mode: token unknown, forged or expired | 400 |
+//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject) |
+//!
+//! - Every answer of the layer's own is an RFC 9457 `application/problem+json` body
+//!   ([`Problem`]) with a stable `code`; with [`IdempotencyLayer::docs`] its `type` is
+//!   the operator's documentation, also linked as `Link: <...>; rel="describedby"`.
+//! - Stored: every response except 5xx, 408 and 429 (configurable with
+//!   [`IdempotencyLayer::store_status`]); those release the key, so a retry runs the
+//!   handler again. Replayed headers come from an allow-list (`Content-Type`,
+//!   `Location`, `ETag` and those added with [`IdempotencyLayer::replay_header`]);
+//!   `Set-Cookie` is never replayed. The body is stored as the bytes the handler
+//!   produced, never re-encoded, in a checksummed record: a damaged record is a 500
+//!   problem, never replayed.
+//! - A response over `max_response_bytes` still reaches its client whole (its start
+//!   buffered, the rest streamed). Its key is recorded as completed without a
+//!   replayable body: retries get 410 ([`Problem::NotReplayable`]), and the handler
+//!   never runs again.
+//! - A client that disconnects mid-handler cancels the call, and its key is released
+//!   at once (the runtime's cancellation): a retry runs. A server that crashes
+//!   mid-handler leaves the key held until its lease ends ([`IdempotencyLayer::lease`]);
+//!   then another server takes it over.
+//! - Keys are scoped per caller with [`IdempotencyLayer::scope`] (an API key, a tenant,
+//!   a user); the same key from two scopes names two records. Keys are stored as
+//!   digests, never in the clear.
+//!
+//! # What is buffered, what streams
+//!
+//! A handled request (a method in [`IdempotencyLayer::methods`] carrying a key) is
+//! buffered whole, up to `max_request_bytes`, before anything else, so that it can be
+//! fingerprinted: the handler gets it as a [`RequestBody`]. Other requests stream
+//! through untouched, as do responses that are not stored (5xx, ...). A stored response
+//! is buffered up to `max_response_bytes` before it is sent; trailers are neither
+//! stored nor replayed.
+//!
+//! # Token mode
+//!
+//! [`IdempotencyLayer::tokens`] is the one-time-token flow: the client first gets a
+//! token from `GET /token` ([`issue_token`]; with axum,
+//! [`IdempotencyLayer::token_route`](IdempotencyLayer)), then sends it as its
+//! `Idempotency-Key`. Only tokens this service issued and that have not expired are
+//! accepted; each runs the handler once. Tokens are unguessable (128 random bits), so
+//! they need no caller scope.
+//!
+//! # Features
+//!
+//! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
+//!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
+//!   [`tower::Layer`] over [`http`] and [`http_body`] types.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+mod axum;
+mod body;
+mod key;
+mod layer;
+mod problem;
+mod record;
+mod service;
+mod token;
+
+pub use body::{RequestBody, ResponseBody};
+pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use layer::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, IdempotencyLayer};
+pub use problem::Problem;
+pub use service::{Idempotency, ResponseFuture};
+pub use token::issue_token;

@@ -1,4 +1,4 @@
-//! Issue 3's Redis cases on their own, for profiling one at a time:
+//! The Redis family's compared cases on their own, for profiling one at a time:
 //! `idem-bench-redis [--redis URL] [--secs N] [--tasks N] [--case NAME]...`
 //!
 //! Cases (default all, in turns as in the main load program): `one` (raw `SET NX PX`),
@@ -8,16 +8,8 @@
 //! dedup record is, which shows what keeping records costs the server apart from scripts).
 //! Each line gives ops/s and the CPU time per operation of this process and of the
 //! server (when it runs on this machine). The same cases run from `idem-bench --cases redis`.
-#![allow(dead_code)]
 
-#[path = "../redis/mod.rs"]
-mod redis;
-#[path = "../runner.rs"]
-mod runner;
-#[path = "../stats.rs"]
-mod stats;
-
-use redis::turns::{Case, EXTRA, ISSUE3};
+use idem_bench::redis::{self, COMPARED, DIAGNOSTIC, ctx::Ctx};
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
@@ -43,19 +35,14 @@ async fn main() -> Result<(), String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    let mut ctx = redis::Ctx::new(&url, secs, idem_runtime::store::redis::DEFAULT_CONNECTIONS)?;
+    let mut ctx = Ctx::new(&url, secs, idem_runtime::store::redis::DEFAULT_CONNECTIONS)?;
     ctx.find_server().await;
-    redis::idem_ops::seed_replay(&ctx, tasks).await;
-    let cases: Vec<Case> = ISSUE3
+    let named = |short: &str| names.iter().any(|n| n == short);
+    let chosen = COMPARED
         .iter()
-        .filter(|(short, ..)| names.is_empty() || names.iter().any(|n| n == short))
-        .chain(
-            EXTRA
-                .iter()
-                .filter(|(short, ..)| names.iter().any(|n| n == short)),
-        )
-        .map(|(_, group, name, make)| Case::new(group, name, tasks, make(&ctx)))
-        .collect();
+        .filter(|(short, ..)| names.is_empty() || named(short))
+        .chain(DIAGNOSTIC.iter().filter(|(short, ..)| named(short)));
+    let cases = redis::prepare(&ctx, chosen, tasks).await;
     if cases.is_empty() {
         return Err(
             "no such case; pick from one, two, three, new, replay, lock, token, two-keep".into(),

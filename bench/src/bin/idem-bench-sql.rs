@@ -3,10 +3,9 @@
 //! Without URLs it runs PostgreSQL, MariaDB and a temporary SQLite file on the machine's
 //! usual addresses. The same cases run from the main load program with `--sql URL`.
 
-#[path = "../sql.rs"]
-mod sql;
-
 use std::time::Duration;
+
+use idem_bench::sql;
 
 #[tokio::main]
 async fn main() -> Result<(), idem_runtime::Error> {
@@ -34,7 +33,7 @@ async fn main() -> Result<(), idem_runtime::Error> {
         ];
     }
     for url in &urls {
-        sql::run(url, Duration::from_secs(secs)).await?;
+        sql::run_url(url, Duration::from_secs(secs)).await?;
     }
     Ok(())
 }

@@ -4,13 +4,12 @@
 
 use idem_runtime::store::redis::redis;
 
-use super::Ctx;
-use super::turns::{Op, op};
+use super::ctx::Ctx;
+use super::op::{Op, op};
 
 pub(crate) const ONE_RT: &str = "raw SET NX PX (1 RT)";
 pub(crate) const TWO_RT: &str = "raw SET NX PX + DEL (2 RT)";
 pub(crate) const THREE_RT: &str = "raw SET NX PX + SET XX GET + SET XX PX (3 RT)";
-#[allow(dead_code)] // idem-bench-redis only.
 pub(crate) const TWO_RT_KEEP: &str = "raw SET NX PX + SET XX PX (2 RT, kept)";
 
 /// An operation that sends `build`'s commands one after another (each awaited before the
@@ -57,7 +56,6 @@ pub(crate) fn three_steps(ctx: &Ctx) -> Op {
 /// Like [`set_nx_px_del`], but the second command overwrites the key and keeps it for
 /// 30 s, as a dedup completion keeps its record: what keeping a record costs the server
 /// (a growing keyspace, expiry) apart from any script (`idem-bench-redis` only).
-#[allow(dead_code)]
 pub(crate) fn set_nx_px_set_xx(ctx: &Ctx) -> Op {
     commands(ctx, |k| {
         let done = keep(&k);

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use idem_runtime::{Error, NoReplay, Options};
 
-use super::Ctx;
-use super::turns::{Op, op};
+use super::ctx::Ctx;
+use super::op::{Op, op};
 
 static NEW: Options = Options::dedup("bench::dedup").ttl(Duration::from_secs(30));
 static REPLAY: Options = Options::dedup("bench::replay").ttl(Duration::from_secs(300));

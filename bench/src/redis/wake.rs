@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::redis::deadpool_redis;
 use idem_runtime::{Error, Idem, Options, RedisStore};
 
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::stats::{Row, row};
 
 static WAKE: Options = Options::dedup("bench::wake")

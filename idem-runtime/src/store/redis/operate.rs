@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::conn::Conn;
-use super::{RedisStore, corrupt, evalsha};
+use super::RedisStore;
+use super::connect::Conn;
+use super::record::evalsha;
+use super::reply::corrupt;
 use crate::store::{ClaimKind, Owner};
 use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
 

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt};
+use super::record::{
+    COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt,
+};
 use crate::store::{ClaimKind, Owner};
 use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
 

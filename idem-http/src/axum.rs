@@ -1,0 +1,77 @@
+//! axum helpers (feature `axum`): the key as an extractor, problems as responses, and
+//! the token route.
+
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+
+use crate::{IdempotencyKey, IdempotencyLayer, Problem};
+
+/// The key of a request under the layer (set in its extensions before the handler
+/// runs), else parsed from the header. A missing or malformed key is the 400 problem.
+///
+/// ```
+/// use idem_http::IdempotencyKey;
+/// async fn create(key: IdempotencyKey) -> String {
+///     format!("paid under {key}")
+/// }
+/// let app: axum::Router = axum::Router::new().route("/payments", axum::routing::post(create));
+/// # let _ = app;
+/// ```
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        if let Some(key) = parts.extensions.get::<IdempotencyKey>() {
+            return Ok(key.clone());
+        }
+        match IdempotencyKey::from_headers(&parts.headers) {
+            Ok(Some(key)) => Ok(key),
+            Ok(None) => Err(Problem::KeyMissing),
+            Err(_) => Err(Problem::KeyMalformed),
+        }
+    }
+}
+
+/// `Option<IdempotencyKey>`: `None` when the request has no key (a route where the key
+/// is optional); a malformed one is still the 400 problem.
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Problem> {
+        if let Some(key) = parts.extensions.get::<IdempotencyKey>() {
+            return Ok(Some(key.clone()));
+        }
+        IdempotencyKey::from_headers(&parts.headers).map_err(|_| Problem::KeyMalformed)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        self.response(None)
+    }
+}
+
+impl IdempotencyLayer {
+    /// `GET` handler issuing tokens for this layer's store and namespace, valid for its
+    /// `ttl` (see [`issue_token`](crate::issue_token)).
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idem_http::IdempotencyLayer;
+    /// let tokens = IdempotencyLayer::tokens(idem_runtime::Idem::builder().build());
+    /// let app: Router = Router::new()
+    ///     .route("/token", tokens.token_route())
+    ///     .route("/pay", post(|| async { "paid" }))
+    ///     .layer(tokens);
+    /// # let _ = app;
+    /// ```
+    pub fn token_route<S: Clone + Send + Sync + 'static>(&self) -> axum::routing::MethodRouter<S> {
+        let idem = self.idem.clone();
+        let ttl = self.ttl;
+        axum::routing::get(move || {
+            let idem = idem.clone();
+            async move { crate::issue_token::<axum::body::Body>(&idem, ttl).await }
+        })
+    }
+}

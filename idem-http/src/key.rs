@@ -1,0 +1,222 @@
+//! The `Idempotency-Key` header: one Structured Field string (`"abc"`), or the same key
+//! bare (`abc`), which is one and the same key.
+
+use http::HeaderMap;
+use http::header::HeaderName;
+
+/// The header's name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header set on every replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The longest key accepted, in characters (all printable ASCII, so also in bytes).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The idempotency key of a request, as the client sent it (unquoted).
+///
+/// The layer puts it in the request's extensions before the handler runs, so a handler
+/// can record it (with the `axum` feature it is also an extractor):
+///
+/// ```
+/// use idem_http::IdempotencyKey;
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("idempotency-key", "\"order-42\"".parse().unwrap());
+/// let key = IdempotencyKey::from_headers(&headers).unwrap().unwrap();
+/// assert_eq!(key.as_str(), "order-42");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+/// Why a header is not a usable key (each is answered 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The header was sent more than once, or holds a list of several keys.
+    Several,
+    /// Empty, or longer than [`MAX_KEY_LEN`].
+    Length,
+    /// Not a Structured Field string nor a bare key of printable ASCII characters.
+    Malformed,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyError::Several => "send exactly one Idempotency-Key, holding one key",
+            KeyError::Length => "the Idempotency-Key must be 1 to 255 characters long",
+            KeyError::Malformed => {
+                "the Idempotency-Key must be a Structured Field string (\"...\") or a bare \
+                 key of printable ASCII characters"
+            }
+        })
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+impl IdempotencyKey {
+    /// The key in `headers`: `Ok(None)` when there is none, an error when it is
+    /// malformed or there are several.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
+        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::Several);
+        }
+        IdempotencyKey::parse(value.as_bytes()).map(Some)
+    }
+
+    /// Parses one header value: a Structured Field string (RFC 8941 `sf-string`, with
+    /// `\"` and `\\` escapes) or a bare key of visible ASCII characters without `"` or
+    /// `,`, surrounded by optional spaces. `"abc"` and `abc` are the same key.
+    ///
+    /// ```
+    /// use idem_http::{IdempotencyKey, KeyError};
+    /// assert_eq!(IdempotencyKey::parse(b"\"a\\\"b\"").unwrap().as_str(), "a\"b");
+    /// assert_eq!(IdempotencyKey::parse(b" abc ").unwrap(), IdempotencyKey::parse(b"\"abc\"").unwrap());
+    /// assert_eq!(IdempotencyKey::parse(b"\"a\", \"b\""), Err(KeyError::Several));
+    /// assert_eq!(IdempotencyKey::parse(b"\"\""), Err(KeyError::Length));
+    /// assert_eq!(IdempotencyKey::parse("caf\u{e9}".as_bytes()), Err(KeyError::Malformed));
+    /// ```
+    pub fn parse(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
+        let raw = trim(raw);
+        let key = match raw.first() {
+            Some(b'"') => sf_string(raw)?,
+            _ => bare(raw)?,
+        };
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(KeyError::Length);
+        }
+        Ok(IdempotencyKey(key))
+    }
+
+    /// The key, unquoted.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key, unquoted.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn trim(mut raw: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = raw {
+        raw = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = raw {
+        raw = rest;
+    }
+    raw
+}
+
+fn sf_string(raw: &[u8]) -> Result<String, KeyError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 1;
+    loop {
+        match raw.get(i) {
+            None => return Err(KeyError::Malformed),
+            Some(b'\\') => match raw.get(i + 1) {
+                Some(c @ (b'"' | b'\\')) => {
+                    out.push(*c);
+                    i += 2;
+                }
+                _ => return Err(KeyError::Malformed),
+            },
+            Some(b'"') => {
+                i += 1;
+                break;
+            }
+            Some(c @ 0x20..=0x7e) => {
+                out.push(*c);
+                i += 1;
+            }
+            Some(_) => return Err(KeyError::Malformed),
+        }
+        if out.len() > MAX_KEY_LEN {
+            return Err(KeyError::Length);
+        }
+    }
+    match trim(&raw[i..]) {
+        [] => {}
+        [b',', ..] => return Err(KeyError::Several),
+        // Parameters (`"abc";p=1`) or trailing garbage: not a plain string.
+        _ => return Err(KeyError::Malformed),
+    }
+    // Only printable ASCII was pushed.
+    String::from_utf8(out).map_err(|_| KeyError::Malformed)
+}
+
+fn bare(raw: &[u8]) -> Result<String, KeyError> {
+    if raw.contains(&b',') {
+        return Err(KeyError::Several);
+    }
+    if raw.len() > MAX_KEY_LEN {
+        return Err(KeyError::Length);
+    }
+    if !raw.iter().all(|c| matches!(c, 0x21..=0x7e) && *c != b'"') {
+        return Err(KeyError::Malformed);
+    }
+    std::str::from_utf8(raw)
+        .map(str::to_owned)
+        .map_err(|_| KeyError::Malformed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_and_bare_are_one_key() {
+        assert_eq!(
+            IdempotencyKey::parse(b"abc").unwrap(),
+            IdempotencyKey::parse(b"\"abc\"").unwrap()
+        );
+        assert_eq!(IdempotencyKey::parse(b"\"a b\"").unwrap().as_str(), "a b");
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        let long = "k".repeat(256);
+        let quoted_long = format!("\"{long}\"");
+        for (raw, want) in [
+            (&b""[..], KeyError::Length),
+            (b"   ", KeyError::Length),
+            (b"\"\"", KeyError::Length),
+            (long.as_bytes(), KeyError::Length),
+            (quoted_long.as_bytes(), KeyError::Length),
+            (b"a,b", KeyError::Several),
+            (b"\"a\",\"b\"", KeyError::Several),
+            (b"\"a\" , b", KeyError::Several),
+            (b"\"abc", KeyError::Malformed),
+            (b"\"a\\nb\"", KeyError::Malformed),
+            (b"\"abc\";p=1", KeyError::Malformed),
+            (b"a b", KeyError::Malformed),
+            (b"a\"b", KeyError::Malformed),
+            (b"\xc3\xa9", KeyError::Malformed),
+            (b"\"\xc3\xa9\"", KeyError::Malformed),
+            (b"a\x7fb", KeyError::Malformed),
+        ] {
+            assert_eq!(
+                IdempotencyKey::parse(raw),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        assert_eq!(
+            IdempotencyKey::parse(&[b'k'; 255]).unwrap().as_str().len(),
+            255
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! The layer's configuration: [`IdempotencyLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, ETAG, HeaderName, LOCATION, SET_COOKIE};
+use http::{Method, StatusCode, request};
+use idem_runtime::{Idem, OnDuplicate, Options};
+
+use crate::service::Idempotency;
+
+/// The operation name keys are stored under (part of every record's key).
+pub(crate) const OPERATION: &str = "idem_http";
+
+/// Default bound on a buffered request body: 1 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Default bound on a stored response body: 1 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+type ScopeFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
+type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Whether the header carries a client's key or a server-issued token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Keys,
+    Tokens,
+}
+
+/// A [`tower::Layer`] that makes the requests it wraps idempotent by their
+/// `Idempotency-Key` header. See the [crate docs](crate) for the contract.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_http::IdempotencyLayer;
+/// use idem_runtime::Idem;
+///
+/// let layer = IdempotencyLayer::new(Idem::builder().namespace("shop").build())
+///     .ttl(Duration::from_secs(3600))
+///     .wait(Duration::from_secs(2))
+///     // Keys are per API key: two callers never see each other's responses.
+///     .scope(|parts| {
+///         parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
+///     })
+///     .replay_header(http::HeaderName::from_static("x-request-cost"));
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    pub(crate) idem: Idem,
+    pub(crate) mode: Mode,
+    pub(crate) required: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) on_duplicate: OnDuplicate,
+    pub(crate) scope: Option<Arc<ScopeFn>>,
+    pub(crate) stores: Option<Arc<StoreFn>>,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) docs: Option<Arc<str>>,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("idem", &self.idem)
+            .field("mode", &self.mode)
+            .field("required", &self.required)
+            .field("methods", &self.methods)
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .field("wait", &self.wait)
+            .field("on_duplicate", &self.on_duplicate)
+            .field("scoped", &self.scope.is_some())
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("replay_headers", &self.replay_headers)
+            .field("docs", &self.docs)
+            .finish()
+    }
+}
+
+impl IdempotencyLayer {
+    /// The layer in key mode on `idem`'s store and namespace: the client picks the key.
+    ///
+    /// Defaults: a key is required; `POST` and `PATCH` are handled (other methods pass
+    /// through untouched); records are kept 24 h; the lease is the runtime's (30 s);
+    /// `wait` is 0 (an in-flight duplicate gets 409 at once); no scope (one key space
+    /// for all callers); 1 MiB bounds on buffered request and stored response bodies;
+    /// every status is stored except 5xx, 408 and 429; `Content-Type`, `Location` and
+    /// `ETag` are replayed.
+    pub fn new(idem: Idem) -> Self {
+        IdempotencyLayer {
+            idem,
+            mode: Mode::Keys,
+            required: true,
+            methods: vec![Method::POST, Method::PATCH],
+            ttl: idem_runtime::DEFAULT_TTL,
+            lease: idem_runtime::DEFAULT_LEASE,
+            wait: Duration::ZERO,
+            on_duplicate: OnDuplicate::Replay,
+            scope: None,
+            stores: None,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            replay_headers: vec![CONTENT_TYPE, LOCATION, ETAG],
+            docs: None,
+        }
+    }
+
+    /// The layer in token mode: the `Idempotency-Key` header must carry a token this
+    /// service issued ([`issue_token`](crate::issue_token), served as `GET /token`) and
+    /// that was not used yet. A used token replays the stored response (409 with
+    /// [`on_duplicate`](Self::on_duplicate)`(OnDuplicate::Reject)`); an unknown, forged
+    /// or expired one is 400. `ttl` is also how long an issued token stays valid.
+    pub fn tokens(idem: Idem) -> Self {
+        IdempotencyLayer {
+            mode: Mode::Tokens,
+            ..Self::new(idem)
+        }
+    }
+
+    /// Whether a handled request without the header is refused with 400 (default
+    /// `true`); `false` lets it through, run as a plain request.
+    pub fn required(mut self, required: bool) -> Self {
+        self.required = required;
+        self
+    }
+
+    /// The methods handled (default `POST` and `PATCH`); others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// How long a completed response is kept for replays (default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The in-flight lease: renewed while the handler runs, so it only decides how soon
+    /// another server takes over the key of a server that crashed mid-handler.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a duplicate of an in-flight request waits for it (default 0: 409 at
+    /// once). A duplicate that waits gets the replayed response.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A completed key: replay its response (default) or answer 409.
+    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
+        self
+    }
+
+    /// Scopes keys per caller: the same key from two scopes names two records. `f`
+    /// reads the caller's identity from the request (an API key header, a tenant, an
+    /// authenticated user put in the extensions by an earlier layer); `None` is the one
+    /// shared scope of unidentified callers.
+    pub fn scope<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.scope = Some(Arc::new(f));
+        self
+    }
+
+    /// Which response statuses are stored and replayed. Default: all but 5xx, 408 and
+    /// 429, which release the key so that a retry runs the handler again.
+    pub fn store_status<F>(mut self, f: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.stores = Some(Arc::new(f));
+        self
+    }
+
+    /// The largest request body buffered (default 1 MiB); a larger one is answered 413
+    /// and the handler does not run.
+    pub fn max_request_bytes(mut self, n: usize) -> Self {
+        self.max_request_bytes = n;
+        self
+    }
+
+    /// The largest response body stored (default 1 MiB). A larger response still
+    /// reaches its client whole; its key is recorded as completed without a replayable
+    /// body, and retries get 410 ([`Problem::NotReplayable`](crate::Problem)), never a
+    /// second run.
+    pub fn max_response_bytes(mut self, n: usize) -> Self {
+        self.max_response_bytes = n;
+        self
+    }
+
+    /// Also replays this response header (beside `Content-Type`, `Location` and
+    /// `ETag`). `Set-Cookie` is never replayed: adding it does nothing.
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        if name != SET_COOKIE && !self.replay_headers.contains(&name) {
+            self.replay_headers.push(name);
+        }
+        self
+    }
+
+    /// The operator's documentation of the contract: the `type` of every problem
+    /// response, and linked from each with `Link: <url>; rel="describedby"`.
+    pub fn docs(mut self, url: impl Into<String>) -> Self {
+        self.docs = Some(Arc::from(url.into()));
+        self
+    }
+
+    /// The options the runtime is called with.
+    pub(crate) fn options(&self) -> Options {
+        let base = match self.mode {
+            Mode::Keys => Options::dedup(OPERATION),
+            Mode::Tokens => Options::token(OPERATION),
+        };
+        base.ttl(self.ttl)
+            .lease(self.lease)
+            .wait(self.wait)
+            .on_duplicate(self.on_duplicate)
+    }
+
+    pub(crate) fn stores(&self, status: StatusCode) -> bool {
+        match &self.stores {
+            Some(f) => f(status),
+            None => {
+                !(status.is_server_error()
+                    || status == StatusCode::REQUEST_TIMEOUT
+                    || status == StatusCode::TOO_MANY_REQUESTS)
+            }
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self)
+    }
+}

@@ -1,0 +1,193 @@
+//! RFC 9457 problem responses: every answer the layer gives instead of the handler's.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, LINK, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+/// One of the layer's own answers, rendered as `application/problem+json`.
+///
+/// `code` is a stable, machine-readable name (an extension member); `type` is the
+/// operator's documentation URL when the layer has one ([`docs`]), else `about:blank`,
+/// and the documentation is also linked with `Link: <...>; rel="describedby"`.
+///
+/// [`docs`]: crate::IdempotencyLayer::docs
+///
+/// ```
+/// use idem_http::Problem;
+/// let res = Problem::KeyMissing.response::<http_body_util::Full<bytes::Bytes>>(Some("https://docs.example/idempotency"));
+/// assert_eq!(res.status(), 400);
+/// assert_eq!(res.headers()["content-type"], "application/problem+json");
+/// assert_eq!(res.headers()["link"], "<https://docs.example/idempotency>; rel=\"describedby\"");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// 400: the route requires a key and none was sent.
+    KeyMissing,
+    /// 400: the header is not one well-formed key.
+    KeyMalformed,
+    /// 422: the key was first used for a different request.
+    KeyReused,
+    /// 409: the key's first request is still being processed.
+    InFlight,
+    /// 410: the key's first request completed, but its response was too large (or
+    /// failed while being read) and was not kept, so it cannot be replayed. The request
+    /// is not run again.
+    NotReplayable,
+    /// 413: the request body is over `max_request_bytes`.
+    RequestTooLarge,
+    /// 400: the request body could not be read.
+    BodyUnreadable,
+    /// 503: the idempotency store is down or timing out; nothing ran.
+    StoreUnavailable,
+    /// 500: the stored record of this key is damaged; nothing ran.
+    RecordCorrupt,
+    /// 400 (token mode): the token was never issued, is forged or has expired.
+    TokenInvalid,
+    /// 409 (token mode, rejecting): the token was already used.
+    TokenUsed,
+    /// 409 (rejecting duplicates): the request for this key already completed.
+    Completed,
+    /// 500: the store refused the operation for another reason; nothing ran.
+    Internal,
+}
+
+impl Problem {
+    /// The status it is answered with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Problem::KeyMissing
+            | Problem::KeyMalformed
+            | Problem::BodyUnreadable
+            | Problem::TokenInvalid => StatusCode::BAD_REQUEST,
+            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::InFlight | Problem::TokenUsed | Problem::Completed => StatusCode::CONFLICT,
+            Problem::NotReplayable => StatusCode::GONE,
+            Problem::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::RecordCorrupt | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Its stable machine-readable name (the `code` member).
+    pub fn code(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "idempotency-key-missing",
+            Problem::KeyMalformed => "idempotency-key-malformed",
+            Problem::KeyReused => "idempotency-key-reused",
+            Problem::InFlight => "idempotency-key-in-flight",
+            Problem::NotReplayable => "idempotency-response-not-replayable",
+            Problem::RequestTooLarge => "idempotency-request-too-large",
+            Problem::BodyUnreadable => "idempotency-request-unreadable",
+            Problem::StoreUnavailable => "idempotency-store-unavailable",
+            Problem::RecordCorrupt => "idempotency-record-corrupt",
+            Problem::TokenInvalid => "idempotency-token-invalid",
+            Problem::TokenUsed => "idempotency-token-used",
+            Problem::Completed => "idempotency-key-completed",
+            Problem::Internal => "idempotency-internal",
+        }
+    }
+
+    /// A short summary (the `title` member).
+    pub fn title(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "Idempotency-Key is missing",
+            Problem::KeyMalformed => "Idempotency-Key is malformed",
+            Problem::KeyReused => "Idempotency-Key is already used",
+            Problem::InFlight => "A request is outstanding for this Idempotency-Key",
+            Problem::NotReplayable => "The response to this Idempotency-Key was not kept",
+            Problem::RequestTooLarge => "Request body too large",
+            Problem::BodyUnreadable => "Request body could not be read",
+            Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::RecordCorrupt => "Idempotency record is damaged",
+            Problem::TokenInvalid => "Idempotency token is unknown or expired",
+            Problem::TokenUsed => "Idempotency token already used",
+            Problem::Completed => "Idempotency-Key already completed",
+            Problem::Internal => "Idempotency check failed",
+        }
+    }
+
+    /// The explanation (the `detail` member).
+    pub fn detail(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => {
+                "This operation is idempotent and requires an Idempotency-Key header."
+            }
+            Problem::KeyMalformed => {
+                "Send one Idempotency-Key: a Structured Field string (\"...\") or a bare key \
+                 of 1 to 255 printable ASCII characters."
+            }
+            Problem::KeyReused => {
+                "This Idempotency-Key was first used with a different request (method, path, \
+                 query, body or Content-Type). Use a new key for a new request."
+            }
+            Problem::InFlight => {
+                "A request with the same Idempotency-Key is being processed. Retry after the \
+                 time given in Retry-After to get its response."
+            }
+            Problem::NotReplayable => {
+                "The request with this Idempotency-Key completed, but its response was not \
+                 kept (too large to store). It was not run again."
+            }
+            Problem::RequestTooLarge => "The request body is over the size this route accepts.",
+            Problem::BodyUnreadable => "The request body ended early or could not be read.",
+            Problem::StoreUnavailable => {
+                "The idempotency store did not answer; the request was not run. Retry with \
+                 the same Idempotency-Key."
+            }
+            Problem::RecordCorrupt => {
+                "The stored record of this Idempotency-Key is damaged; the request was not run."
+            }
+            Problem::TokenInvalid => {
+                "The Idempotency-Key must carry a token issued by this service that has not \
+                 expired."
+            }
+            Problem::TokenUsed => "This token was already used; request a new one.",
+            Problem::Completed => {
+                "The request with this Idempotency-Key already completed; it is not run again."
+            }
+            Problem::Internal => "The idempotency store refused the operation; nothing ran.",
+        }
+    }
+
+    /// Seconds a client should wait before retrying, for the retryable ones.
+    pub fn retry_after(self) -> Option<u32> {
+        match self {
+            Problem::InFlight | Problem::StoreUnavailable => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The response, linking to `docs` when given.
+    pub fn response<B: From<Bytes>>(self, docs: Option<&str>) -> Response<B> {
+        let body = serde_json::json!({
+            "type": docs.unwrap_or("about:blank"),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": self.detail(),
+            "code": self.code(),
+        });
+        let mut res = Response::new(B::from(Bytes::from(body.to_string())));
+        *res.status_mut() = self.status();
+        let h = res.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after() {
+            h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(link) =
+            docs.and_then(|d| HeaderValue::try_from(format!("<{d}>; rel=\"describedby\"")).ok())
+        {
+            h.insert(LINK, link);
+        }
+        res
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.title(), self.status())
+    }
+}

@@ -1,0 +1,286 @@
+//! What a completed key stores: the response's status, its allow-listed headers and its
+//! body bytes, as they were (never re-encoded), in a checksummed envelope.
+//!
+//! Layout: `b"ih"`, a layout version, a kind (a response, or "completed without a
+//! replayable body"), a CRC-32 of everything after it, then the status (u16), the
+//! header count (u16), each header as name and value with u16 lengths, and the body.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue};
+use http::{StatusCode, response};
+use http_body::Body;
+use idem_runtime::{Codec, Error, Key};
+
+const MAGIC: &[u8; 2] = b"ih";
+const VERSION: u8 = 1;
+const KIND_RESPONSE: u8 = 0;
+const KIND_NOT_REPLAYABLE: u8 = 1;
+/// Magic, version, kind, CRC-32.
+const HEADER: usize = 8;
+
+/// A response as stored and replayed.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+}
+
+/// What one run of the handler (or a replay) gives the layer.
+pub(crate) enum Ran<B: Body> {
+    /// The handler's response, buffered; `stored` is what is kept of it.
+    Fresh {
+        parts: response::Parts,
+        stored: Stored,
+    },
+    /// A response over `max_response_bytes` (or whose body failed while being read):
+    /// the key completes without a replayable body; the caller still gets all of it.
+    Spilled {
+        parts: response::Parts,
+        prefix: VecDeque<Bytes>,
+        rest: Option<Pin<Box<B>>>,
+        error: Option<B::Error>,
+    },
+    /// A stored response, read back.
+    Replayed(Stored),
+    /// A key that completed without a replayable body, read back.
+    NotReplayable,
+}
+
+/// Why a run ended without a stored result; each releases the key.
+pub(crate) enum Failed<R, E> {
+    /// idem refused or failed (in flight, mismatch, store down, ...).
+    Idem(Error),
+    /// The handler's response is of a status that is not stored (5xx, 408, 429 by
+    /// default): passed on as it is.
+    NotStored(R),
+    /// The inner service failed.
+    Inner(E),
+}
+
+impl<R, E> From<Error> for Failed<R, E> {
+    fn from(e: Error) -> Self {
+        Failed::Idem(e)
+    }
+}
+
+/// The codec of the layer's records.
+pub(crate) struct ResponseCodec;
+
+impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
+    fn encode(_: &Key, result: &Result<Ran<B>, Failed<R, E>>) -> Result<Option<Bytes>, Error> {
+        Ok(match result {
+            Ok(Ran::Fresh { stored, .. } | Ran::Replayed(stored)) => Some(encode(stored)),
+            Ok(Ran::Spilled { .. } | Ran::NotReplayable) => {
+                Some(seal(KIND_NOT_REPLAYABLE, BytesMut::new()))
+            }
+            Err(_) => None,
+        })
+    }
+
+    fn decode(key: &Key, bytes: &[u8]) -> Result<Result<Ran<B>, Failed<R, E>>, Error> {
+        decode(key, bytes).map(Ok)
+    }
+}
+
+fn encode(stored: &Stored) -> Bytes {
+    let size = 4
+        + stored.body.len()
+        + stored
+            .headers
+            .iter()
+            .map(|(n, v)| 4 + n.as_str().len() + v.len())
+            .sum::<usize>();
+    let mut buf = BytesMut::with_capacity(HEADER + size);
+    buf.put_u16(stored.status.as_u16());
+    // Header names and values are bounded far below 64 KiB by every HTTP server; one
+    // that is not is left out rather than stored truncated.
+    let fits = |(n, v): &&(HeaderName, HeaderValue)| {
+        n.as_str().len() <= usize::from(u16::MAX) && v.len() <= usize::from(u16::MAX)
+    };
+    let headers: Vec<_> = stored.headers.iter().filter(fits).collect();
+    buf.put_u16(headers.len().min(usize::from(u16::MAX)) as u16);
+    for (name, value) in headers.into_iter().take(usize::from(u16::MAX)) {
+        buf.put_u16(name.as_str().len() as u16);
+        buf.put_slice(name.as_str().as_bytes());
+        buf.put_u16(value.len() as u16);
+        buf.put_slice(value.as_bytes());
+    }
+    buf.put_slice(&stored.body);
+    seal(KIND_RESPONSE, buf)
+}
+
+fn seal(kind: u8, payload: BytesMut) -> Bytes {
+    let mut out = BytesMut::with_capacity(HEADER + payload.len());
+    out.put_slice(MAGIC);
+    out.put_u8(VERSION);
+    out.put_u8(kind);
+    out.put_u32_le(checksum(kind, &payload));
+    out.put_slice(&payload);
+    out.freeze()
+}
+
+fn checksum(kind: u8, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[VERSION, kind]);
+    h.update(payload);
+    h.finalize()
+}
+
+fn decode<B: Body>(key: &Key, bytes: &[u8]) -> Result<Ran<B>, Error> {
+    let corrupt = |reason: &str| Error::Corrupt {
+        key: *key,
+        reason: reason.to_owned(),
+    };
+    if bytes.len() < HEADER || &bytes[..2] != MAGIC {
+        return Err(corrupt("not an HTTP response record"));
+    }
+    if bytes[2] != VERSION {
+        return Err(corrupt("unknown HTTP record layout version"));
+    }
+    let kind = bytes[3];
+    let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let payload = &bytes[HEADER..];
+    if checksum(kind, payload) != crc {
+        return Err(corrupt("checksum mismatch"));
+    }
+    match kind {
+        KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable),
+        KIND_RESPONSE => {}
+        _ => return Err(corrupt("unknown HTTP record kind")),
+    }
+    parse(payload).ok_or_else(|| corrupt("truncated or malformed response record"))
+}
+
+fn parse<B: Body>(payload: &[u8]) -> Option<Ran<B>> {
+    let mut r = Reader(payload);
+    let status = StatusCode::from_u16(r.u16()?).ok()?;
+    let count = r.u16()?;
+    let mut headers = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let n = usize::from(r.u16()?);
+        let name = HeaderName::from_bytes(r.take(n)?).ok()?;
+        let n = usize::from(r.u16()?);
+        let value = HeaderValue::from_bytes(r.take(n)?).ok()?;
+        headers.push((name, value));
+    }
+    Some(Ran::Replayed(Stored {
+        status,
+        headers,
+        body: Bytes::copy_from_slice(r.0),
+    }))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key::from_str("t", "http", "k")
+    }
+
+    type Empty = http_body_util::Empty<Bytes>;
+    type R = Result<Ran<Empty>, Failed<(), ()>>;
+
+    fn stored() -> Stored {
+        Stored {
+            status: StatusCode::CREATED,
+            headers: vec![
+                (
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (
+                    http::header::LOCATION,
+                    HeaderValue::from_static("/payments/7"),
+                ),
+            ],
+            body: Bytes::from_static(b"{\"id\":7}"),
+        }
+    }
+
+    #[test]
+    fn round_trips_bytes_as_they_were() {
+        let k = key();
+        let bytes = <ResponseCodec as Codec<Ran<Empty>, Failed<(), ()>>>::encode(
+            &k,
+            &Ok(Ran::Replayed(stored())),
+        )
+        .unwrap()
+        .unwrap();
+        let back: R = <ResponseCodec as Codec<_, _>>::decode(&k, &bytes).unwrap();
+        let Ok(Ran::Replayed(s)) = back else {
+            panic!("not a replay")
+        };
+        assert_eq!(s.status, StatusCode::CREATED);
+        assert_eq!(s.headers, stored().headers);
+        assert_eq!(s.body, stored().body);
+    }
+
+    #[test]
+    fn any_flipped_bit_is_corrupt() {
+        let k = key();
+        let good = encode(&stored());
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.to_vec();
+                bad[i] ^= 1 << bit;
+                assert!(
+                    matches!(decode::<Empty>(&k, &bad), Err(Error::Corrupt { .. })),
+                    "byte {i} bit {bit}"
+                );
+            }
+        }
+        for garbage in [
+            &b""[..],
+            b"ih",
+            b"ih\x01\x00\x00\x00\x00\x00\x01",
+            b"\x00garbage",
+        ] {
+            assert!(matches!(
+                decode::<Empty>(&k, garbage),
+                Err(Error::Corrupt { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn marker_reads_back_as_not_replayable() {
+        let k = key();
+        let bytes = <ResponseCodec as Codec<Ran<Empty>, Failed<(), ()>>>::encode(
+            &k,
+            &Ok(Ran::NotReplayable),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(
+            decode::<Empty>(&k, &bytes),
+            Ok(Ran::NotReplayable)
+        ));
+        let released = <ResponseCodec as Codec<Ran<Empty>, Failed<(), ()>>>::encode(
+            &k,
+            &Err(Failed::NotStored(())),
+        );
+        assert!(released.unwrap().is_none());
+    }
+}

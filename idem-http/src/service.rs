@@ -1,0 +1,401 @@
+//! The service: [`Idempotency`], and the flow of one request through it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, request};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_runtime::{Error, Fingerprint, Options};
+use pin_project_lite::pin_project;
+
+use crate::body::{RequestBody, ResponseBody};
+use crate::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
+use crate::layer::{IdempotencyLayer, Mode};
+use crate::problem::Problem;
+use crate::record::{Failed, Ran, ResponseCodec, Stored};
+
+/// The configuration shared by the clones of one service.
+struct Shared {
+    layer: IdempotencyLayer,
+    opts: Options,
+}
+
+/// The service [`IdempotencyLayer`] wraps around `S`.
+///
+/// `S` gets requests whose body is a [`RequestBody`] (the buffered bytes of a request
+/// the layer handled, the original body otherwise) and answers with any
+/// [`http_body::Body`]; the layer answers with a [`ResponseBody`].
+pub struct Idempotency<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: Clone> Clone for Idempotency<S> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("layer", &self.shared.layer)
+            .finish()
+    }
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, layer: &IdempotencyLayer) -> Self {
+        Idempotency {
+            inner,
+            shared: Arc::new(Shared {
+                opts: layer.options(),
+                layer: layer.clone(),
+            }),
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+impl<S, ReqB, ResB> tower::Service<Request<ReqB>> for Idempotency<S>
+where
+    S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Send,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let layer = &self.shared.layer;
+        if !layer.methods.contains(req.method()) {
+            return ResponseFuture::inner(self.inner.call(req.map(RequestBody::streaming)));
+        }
+        let key = match IdempotencyKey::from_headers(req.headers()) {
+            Ok(Some(key)) => key,
+            Ok(None) if !layer.required => {
+                return ResponseFuture::inner(self.inner.call(req.map(RequestBody::streaming)));
+            }
+            Ok(None) => return ResponseFuture::ready(problem(layer, Problem::KeyMissing)),
+            Err(_) => return ResponseFuture::ready(problem(layer, Problem::KeyMalformed)),
+        };
+        // The service that was polled ready goes with the request; its clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::boxed(Box::pin(run(self.shared.clone(), inner, key, req)))
+    }
+}
+
+fn problem<B: Body>(layer: &IdempotencyLayer, p: Problem) -> Response<ResponseBody<B>> {
+    p.response(layer.docs.as_deref())
+}
+
+pin_project! {
+    /// The future of [`Idempotency`]'s responses. A request the layer does not handle
+    /// is the inner service's future, unboxed; one it handles is boxed (it lives across
+    /// the buffering, the store and the handler).
+    pub struct ResponseFuture<F, B: Body, E> {
+        #[pin]
+        kind: Kind<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B: Body, E> {
+        Inner { #[pin] fut: F },
+        Ready { res: Option<Response<ResponseBody<B>>> },
+        Boxed { fut: Boxed<B, E> },
+    }
+}
+
+impl<F, B: Body, E> ResponseFuture<F, B, E> {
+    fn inner(fut: F) -> Self {
+        ResponseFuture {
+            kind: Kind::Inner { fut },
+        }
+    }
+    fn ready(res: Response<ResponseBody<B>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Ready { res: Some(res) },
+        }
+    }
+    fn boxed(fut: Boxed<B, E>) -> Self {
+        ResponseFuture {
+            kind: Kind::Boxed { fut },
+        }
+    }
+}
+
+impl<F, B: Body, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { fut } => fut
+                .poll(cx)
+                .map(|r| r.map(|res| res.map(ResponseBody::inner))),
+            KindProj::Ready { res } => match res.take() {
+                Some(res) => Poll::Ready(Ok(res)),
+                None => panic!("ResponseFuture polled after completion"),
+            },
+            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+/// One handled request: buffer and fingerprint it, then claim its key and run the
+/// handler once, or replay, or answer the problem.
+async fn run<S, ReqB, ResB>(
+    shared: Arc<Shared>,
+    inner: S,
+    key: IdempotencyKey,
+    req: Request<ReqB>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    ReqB: Body,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body,
+{
+    let layer = &shared.layer;
+    let (mut parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > layer.max_request_bytes as u64) {
+        return Ok(problem(layer, Problem::RequestTooLarge));
+    }
+    let bytes = match Limited::new(body, layer.max_request_bytes).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return Ok(problem(layer, Problem::RequestTooLarge));
+        }
+        Err(_) => return Ok(problem(layer, Problem::BodyUnreadable)),
+    };
+    let fingerprint = fingerprint(&parts, &bytes);
+    let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+    parts.extensions.insert(key.clone());
+    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+    let handler = handle(layer, inner, req);
+    let result = match layer.mode {
+        Mode::Keys => {
+            let scoped = Scoped(scope.as_deref(), key.as_str());
+            layer
+                .idem
+                .dedup_with::<ResponseCodec, _, _, _>(
+                    &shared.opts,
+                    scoped,
+                    Some(fingerprint),
+                    handler,
+                )
+                .await
+        }
+        Mode::Tokens => {
+            layer
+                .idem
+                .consume_token::<ResponseCodec, _, _, _>(&shared.opts, key.as_str(), handler)
+                .await
+        }
+    };
+    Ok(match result {
+        Ok(Ran::Fresh { parts, stored }) => {
+            Response::from_parts(parts, ResponseBody::full(stored.body))
+        }
+        Ok(Ran::Spilled {
+            parts,
+            prefix,
+            rest,
+            error,
+        }) => Response::from_parts(parts, ResponseBody::spilled(prefix, rest, error)),
+        Ok(Ran::Replayed(stored)) => replay(stored),
+        Ok(Ran::NotReplayable) => {
+            let mut res = problem(layer, Problem::NotReplayable);
+            res.headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            res
+        }
+        Err(Failed::NotStored(res)) => res.map(ResponseBody::inner),
+        Err(Failed::Inner(e)) => return Err(e),
+        Err(Failed::Idem(e)) => problem(layer, verdict(layer.mode, &e)),
+    })
+}
+
+/// Runs the handler and reads its response for storing.
+async fn handle<S, ReqB, ResB>(
+    layer: &IdempotencyLayer,
+    mut inner: S,
+    req: Request<RequestBody<ReqB>>,
+) -> Result<Ran<ResB>, Failed<Response<ResB>, S::Error>>
+where
+    S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    ResB: Body,
+{
+    let res = inner.call(req).await.map_err(Failed::Inner)?;
+    if !layer.stores(res.status()) {
+        return Err(Failed::NotStored(res));
+    }
+    let (parts, body) = res.into_parts();
+    let max = layer.max_response_bytes;
+    let mut body = Box::pin(body);
+    let mut chunks = VecDeque::new();
+    let spilled = |parts, prefix, rest, error| {
+        Ok(Ran::Spilled {
+            parts,
+            prefix,
+            rest,
+            error,
+        })
+    };
+    if body.size_hint().lower() > max as u64 {
+        return spilled(parts, chunks, Some(body), None);
+    }
+    let mut len = 0;
+    while let Some(frame) = body.as_mut().frame().await {
+        match frame {
+            // Trailers are neither stored nor replayed.
+            Ok(frame) => {
+                if let Ok(mut data) = frame.into_data() {
+                    let chunk = data.copy_to_bytes(data.remaining());
+                    len += chunk.len();
+                    chunks.push_back(chunk);
+                    if len > max {
+                        return spilled(parts, chunks, Some(body), None);
+                    }
+                }
+            }
+            // The handler ran, so its key must not run again; the client gets what was
+            // read, then the error.
+            Err(e) => return spilled(parts, chunks, None, Some(e)),
+        }
+    }
+    let body = match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop_front().unwrap_or_default(),
+        _ => {
+            let mut all = BytesMut::with_capacity(len);
+            chunks.iter().for_each(|c| all.extend_from_slice(c));
+            all.freeze()
+        }
+    };
+    let mut headers = Vec::new();
+    for name in &layer.replay_headers {
+        for value in parts.headers.get_all(name) {
+            headers.push((name.clone(), value.clone()));
+        }
+    }
+    let stored = Stored {
+        status: parts.status,
+        headers,
+        body,
+    };
+    Ok(Ran::Fresh { parts, stored })
+}
+
+fn replay<B: Body>(stored: Stored) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(stored.body));
+    *res.status_mut() = stored.status;
+    let h = res.headers_mut();
+    for (name, value) in stored.headers {
+        h.append(name, value);
+    }
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// The answer to each way the runtime refuses a request.
+fn verdict(mode: Mode, e: &Error) -> Problem {
+    match e {
+        Error::InProgress { .. } => Problem::InFlight,
+        Error::PayloadMismatch { .. } => Problem::KeyReused,
+        Error::Duplicate { .. } if mode == Mode::Tokens => Problem::TokenUsed,
+        Error::Duplicate { .. } => Problem::Completed,
+        Error::TokenInvalid { .. } => Problem::TokenInvalid,
+        Error::Store(_) => {
+            tracing::warn!(error = %e, "idem-http: store unavailable; request not run");
+            Problem::StoreUnavailable
+        }
+        Error::Corrupt { .. } | Error::Codec { .. } => {
+            tracing::error!(error = %e, "idem-http: stored response unreadable; request not run");
+            Problem::RecordCorrupt
+        }
+        _ => {
+            tracing::error!(error = %e, "idem-http: request not run");
+            Problem::Internal
+        }
+    }
+}
+
+/// What makes two requests under one key "the same request": method, path, query,
+/// Content-Type and a digest of the body, each length-framed.
+fn fingerprint(parts: &request::Parts, body: &[u8]) -> Fingerprint {
+    let mut h = blake3::Hasher::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(parts.method.as_str().as_bytes());
+    field(parts.uri.path().as_bytes());
+    field(parts.uri.query().unwrap_or_default().as_bytes());
+    field(
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .map_or(&b""[..], |v| v.as_bytes()),
+    );
+    field(body);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    Fingerprint(out)
+}
+
+/// A client's key within its caller's scope, framed so that no pair of scope and key
+/// renders like another.
+struct Scoped<'a>(Option<&'a str>, &'a str);
+
+impl fmt::Display for Scoped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(scope) => write!(f, "s{}:{scope}:{}", scope.len(), self.1),
+            None => write!(f, "n:{}", self.1),
+        }
+    }
+}
