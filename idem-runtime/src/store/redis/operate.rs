@@ -106,7 +106,7 @@ impl RedisStore {
             return Ok(vec![None]);
         }
         // `CLUSTER SLOTS`: [start, end, [primary ip, port, id], replicas...] per range.
-        let slots: Value = self.command(&redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        let slots: Value = self.command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
         let mut nodes: Vec<Option<Node>> = Vec::new();
         if let Value::Array(ranges) = slots {
             for range in ranges {
@@ -192,7 +192,10 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-fn parse_batch(reply: Value) -> Result<(String, Vec<(String, Vec<u8>)>), Error> {
+/// One SCAN step's answer: the next cursor, and each record's name and state byte.
+type Batch = (String, Vec<(String, Vec<u8>)>);
+
+fn parse_batch(reply: Value) -> Result<Batch, Error> {
     let bad = |v: &dyn std::fmt::Debug| Error::store(format!("unexpected SCAN batch {v:?}"));
     let Value::Array(items) = reply else {
         return Err(bad(&reply));
