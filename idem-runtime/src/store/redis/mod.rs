@@ -53,6 +53,7 @@
 mod builder;
 mod connect;
 mod notify;
+mod operate;
 mod record;
 mod replicas;
 mod reply;
