@@ -135,6 +135,9 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
+    /// A config file's text, written once and passed first (a sentinel needs a file it
+    /// can rewrite; a restart keeps what it wrote).
+    conf: Option<String>,
 }
 
 impl RedisServer {
@@ -160,6 +163,11 @@ impl RedisServer {
     }
 
     pub fn start_with(port: u16, extra: &[&str]) -> RedisServer {
+        Self::start_with_conf(port, None, extra)
+    }
+
+    /// A server started from a config file holding `conf` (then `extra` arguments).
+    pub fn start_with_conf(port: u16, conf: Option<&str>, extra: &[&str]) -> RedisServer {
         let dir = std::env::temp_dir().join(format!("idem-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut s = RedisServer {
@@ -167,6 +175,7 @@ impl RedisServer {
             child: None,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            conf: conf.map(str::to_owned),
         };
         s.spawn();
         s
@@ -174,7 +183,15 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let bin = redis_server_bin();
-        let mut args: Vec<String> = vec![
+        let mut args: Vec<String> = Vec::new();
+        if let Some(text) = &self.conf {
+            let file = self.dir.join("node.conf");
+            if !file.exists() {
+                std::fs::write(&file, text).unwrap();
+            }
+            args.push(file.display().to_string());
+        }
+        args.extend([
             "--port".into(),
             self.port.to_string(),
             "--bind".into(),
@@ -185,7 +202,7 @@ impl RedisServer {
             self.dir.display().to_string(),
             "--logfile".into(),
             self.dir.join("redis.log").display().to_string(),
-        ];
+        ]);
         args.extend(self.extra.iter().cloned());
         // A watchdog shell owns the server and kills it if this test process dies
         // without running our destructors. `exec` is avoided so the shell stays to watch.

@@ -1,0 +1,183 @@
+//! The effects ledger, counted outside idem: PostgreSQL tables private to one run.
+//!
+//! - `<run>_runs`: one row per body run (key, worker incarnation, start), no unique
+//!   constraint, so a key whose body ran twice has two rows;
+//! - `<run>_seen`: one row each time a caller learnt, from the store, that a key is
+//!   completed (its completion was acknowledged, or a replay came back);
+//! - `<run>_events`: the faults the controller made (worker kills, store faults).
+//!
+//! Every time is PostgreSQL's `clock_timestamp()`, one clock for all processes.
+
+use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe, PgPool, Row};
+
+/// A connection pool on the ledger database and the run's table names.
+#[derive(Clone)]
+pub(crate) struct Ledger {
+    pool: PgPool,
+    run: String,
+}
+
+/// One body run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    pub(crate) key: i64,
+    pub(crate) incarnation: i32,
+    /// Microseconds since the epoch, by the database's clock.
+    pub(crate) at: i64,
+}
+
+/// A fault the controller made.
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    pub(crate) kind: String,
+    /// The killed worker, for a kill.
+    pub(crate) incarnation: i32,
+    pub(crate) at: i64,
+}
+
+/// What the tables hold at the end.
+pub(crate) struct Contents {
+    pub(crate) runs: Vec<Run>,
+    /// (key, time) of each "completed" sighting.
+    pub(crate) seen: Vec<(i64, i64)>,
+    pub(crate) events: Vec<Event>,
+}
+
+fn db(e: sqlx::Error) -> String {
+    format!("ledger: {e}")
+}
+
+impl Ledger {
+    /// Connects; the run's tables must exist ([`create`](Self::create)).
+    pub(crate) async fn open(url: &str, run: &str) -> Result<Ledger, String> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect(url)
+            .await
+            .map_err(db)?;
+        Ok(Ledger {
+            pool,
+            run: run.to_owned(),
+        })
+    }
+
+    pub(crate) async fn create(&self) -> Result<(), String> {
+        let r = &self.run;
+        for ddl in [
+            format!(
+                "CREATE TABLE {r}_runs (key BIGINT NOT NULL, inc INT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+            ),
+            format!(
+                "CREATE TABLE {r}_seen (key BIGINT NOT NULL, inc INT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+            ),
+            format!(
+                "CREATE TABLE {r}_events (kind TEXT NOT NULL, inc INT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+            ),
+        ] {
+            sqlx::query(AssertSqlSafe(ddl))
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn drop_tables(&self) -> Result<(), String> {
+        let r = &self.run;
+        let ddl = format!("DROP TABLE IF EXISTS {r}_runs, {r}_seen, {r}_events");
+        sqlx::query(AssertSqlSafe(ddl))
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// The effect of one body run.
+    pub(crate) async fn ran(&self, key: i64, inc: i32) -> Result<(), sqlx::Error> {
+        let q = format!("INSERT INTO {}_runs (key, inc) VALUES ($1, $2)", self.run);
+        sqlx::query(AssertSqlSafe(q))
+            .bind(key)
+            .bind(inc)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The store said `key` is completed.
+    pub(crate) async fn seen(&self, key: i64, inc: i32) -> Result<(), sqlx::Error> {
+        let q = format!("INSERT INTO {}_seen (key, inc) VALUES ($1, $2)", self.run);
+        sqlx::query(AssertSqlSafe(q))
+            .bind(key)
+            .bind(inc)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn event(&self, kind: &str, inc: i32) -> Result<(), String> {
+        let q = format!(
+            "INSERT INTO {}_events (kind, inc) VALUES ($1, $2)",
+            self.run
+        );
+        sqlx::query(AssertSqlSafe(q))
+            .bind(kind)
+            .bind(inc)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    pub(crate) async fn contents(&self) -> Result<Contents, String> {
+        let r = &self.run;
+        let us = "(extract(epoch from at) * 1000000)::bigint";
+        let runs = sqlx::query(AssertSqlSafe(format!(
+            "SELECT key, inc, {us} FROM {r}_runs ORDER BY key, at"
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|row| Run {
+            key: row.get(0),
+            incarnation: row.get(1),
+            at: row.get(2),
+        })
+        .collect();
+        let seen = sqlx::query(AssertSqlSafe(format!("SELECT key, {us} FROM {r}_seen")))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let events = sqlx::query(AssertSqlSafe(format!(
+            "SELECT kind, inc, {us} FROM {r}_events ORDER BY at"
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|row| Event {
+            kind: row.get(0),
+            incarnation: row.get(1),
+            at: row.get(2),
+        })
+        .collect();
+        Ok(Contents { runs, seen, events })
+    }
+
+    /// Cuts every PostgreSQL connection whose application name is `app` (the store's).
+    pub(crate) async fn cut_connections(&self, app: &str) -> Result<u64, String> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(app)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}

@@ -1,0 +1,303 @@
+//! A worker process: payments against the store until its deadline (or until the
+//! controller kills it). This program run again with `--worker`; its settings come in
+//! `IDEM_CHAOS_*` environment variables.
+//!
+//! Each body run is one ledger row, written before the body returns: the effect. A
+//! caller that learns from the store that a key is completed (the completion was
+//! acknowledged to this worker, or a replay came back) writes a "seen" row after it;
+//! from then on the failure model says the key's body must never run again.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use idem_runtime::store::BoxFuture;
+use idem_runtime::{
+    ClaimOutcome, ClaimRequest, Error, Idem, Key, Options, Owner, Store, Subscription,
+};
+
+use super::ledger::Ledger;
+use super::rng::Rng;
+
+/// The payments function's options: a short lease, so a killed worker's keys come back
+/// within the run; no waiting, so a duplicate in flight is counted, not queued.
+pub(crate) static PAY: Options = Options::dedup("chaos::pay")
+    .lease(LEASE)
+    .wait(Duration::from_millis(200));
+
+/// The lease of a claim; a killed worker's in-flight keys may run again after it.
+pub(crate) const LEASE: Duration = Duration::from_secs(2);
+
+/// What one worker needs, from its environment.
+pub(crate) struct Settings {
+    pub(crate) store: String,
+    pub(crate) ledger: String,
+    pub(crate) run: String,
+    pub(crate) incarnation: i32,
+    pub(crate) keys: u64,
+    pub(crate) tasks: usize,
+    pub(crate) until_ms: u64,
+    pub(crate) replicas: usize,
+}
+
+impl Settings {
+    pub(crate) fn from_env() -> Result<Settings, String> {
+        let var = |n: &str| std::env::var(n).map_err(|_| format!("{n} is not set"));
+        let num =
+            |n: &str| -> Result<u64, String> { var(n)?.parse().map_err(|e| format!("{n}: {e}")) };
+        Ok(Settings {
+            store: var("IDEM_CHAOS_STORE")?,
+            ledger: var("IDEM_CHAOS_LEDGER")?,
+            run: var("IDEM_CHAOS_RUN")?,
+            incarnation: i32::try_from(num("IDEM_CHAOS_INC")?).map_err(|e| e.to_string())?,
+            keys: num("IDEM_CHAOS_KEYS")?,
+            tasks: usize::try_from(num("IDEM_CHAOS_TASKS")?).map_err(|e| e.to_string())?,
+            until_ms: num("IDEM_CHAOS_UNTIL")?,
+            replicas: usize::try_from(num("IDEM_CHAOS_REPLICAS")?).map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// What a worker counts; printed as a `stat` line a few times a second, so the
+/// controller has the counts of a worker it kills.
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub(crate) calls: AtomicU64,
+    pub(crate) ran: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+    pub(crate) store_errors: AtomicU64,
+    pub(crate) busy: AtomicU64,
+    pub(crate) unexpected: AtomicU64,
+}
+
+impl Counts {
+    fn line(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "stat {} {} {} {} {} {}",
+            g(&self.calls),
+            g(&self.ran),
+            g(&self.replayed),
+            g(&self.store_errors),
+            g(&self.busy),
+            g(&self.unexpected)
+        )
+    }
+}
+
+/// The store, watched: remembers which keys' completions it acknowledged, so the
+/// caller can write them down as completed.
+pub(crate) struct Watched {
+    inner: Arc<dyn Store>,
+    acknowledged: Mutex<HashSet<Key>>,
+}
+
+impl Watched {
+    fn take(&self, key: &Key) -> bool {
+        self.acknowledged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+}
+
+impl Store for Watched {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        self.inner.claim(key, req)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let done = self.inner.complete(key, owner, value, ttl).await;
+            if matches!(done, Ok(true)) {
+                self.acknowledged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(*key);
+            }
+            done
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.release(key, owner)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.renew(key, owner, lease)
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        self.inner.issue(key, ttl)
+    }
+
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        self.inner.subscribe(key)
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+/// How one call ended.
+pub(crate) enum Outcome {
+    /// The body ran here (and the store acknowledged its completion, or not).
+    Ran {
+        acknowledged: bool,
+    },
+    Replayed,
+    StoreError,
+    Busy,
+    Unexpected(String),
+}
+
+/// One payment of `key` through `idem`, its effect written to `ledger` by incarnation `inc`.
+pub(crate) async fn pay(
+    idem: &Idem,
+    watched: &Watched,
+    ledger: &Ledger,
+    inc: i32,
+    key: u64,
+    rng: &mut Rng,
+) -> Outcome {
+    let ran = Arc::new(AtomicBool::new(false));
+    let pause = Duration::from_millis(rng.below(20));
+    let id = i64::try_from(key).unwrap_or(i64::MAX);
+    let body = {
+        let (ran, ledger) = (ran.clone(), ledger.clone());
+        async move {
+            ran.store(true, Ordering::SeqCst);
+            // The effect; if it cannot be written, it did not happen and the key is
+            // released for a retry.
+            ledger
+                .ran(id, inc)
+                .await
+                .map_err(|e| Error::Store(Box::new(e)))?;
+            // A body takes a while, so that kills land in the middle of some.
+            tokio::time::sleep(pause).await;
+            Ok::<u64, Error>(key * 100)
+        }
+    };
+    let result = idem.dedup(&PAY, format!("pay-{key}"), body).await;
+    let rendered = idem.key(&PAY, format_args!("pay-{key}"));
+    let acknowledged = watched.take(&rendered);
+    let ran = ran.load(Ordering::SeqCst);
+    match result {
+        Ok(v) if v != key * 100 => Outcome::Unexpected(format!("key {key} replayed {v}")),
+        Ok(_) if ran => Outcome::Ran { acknowledged },
+        Ok(_) => Outcome::Replayed,
+        Err(Error::Store(_)) => Outcome::StoreError,
+        Err(Error::InProgress { .. }) => Outcome::Busy,
+        Err(e) => Outcome::Unexpected(format!("key {key}: {e}")),
+    }
+}
+
+/// Builds the store a worker (or the controller's final sweep) uses, watched.
+pub(crate) async fn open(
+    store: &str,
+    replicas: usize,
+    namespace: &str,
+) -> Result<(Idem, Arc<Watched>), String> {
+    let inner = super::connect(store, replicas).await?;
+    let watched = Arc::new(Watched {
+        inner,
+        acknowledged: Mutex::default(),
+    });
+    let idem = Idem::builder()
+        .shared_store(watched.clone())
+        .namespace(namespace.to_owned())
+        .build();
+    Ok((idem, watched))
+}
+
+/// The worker's main: runs `tasks` payment loops until the deadline, printing counts.
+pub(crate) async fn run(s: Settings) -> Result<(), String> {
+    let ledger = Ledger::open(&s.ledger, &s.run).await?;
+    let (idem, watched) = open(&s.store, s.replicas, &s.run).await?;
+    let counts = Arc::new(Counts::default());
+    let parent = std::os::unix::process::parent_id();
+    let mut tasks = Vec::new();
+    for t in 0..s.tasks {
+        let (idem, watched, ledger, counts) = (
+            idem.clone(),
+            watched.clone(),
+            ledger.clone(),
+            counts.clone(),
+        );
+        let (keys, until, inc) = (s.keys, s.until_ms, s.incarnation);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(u64::try_from(inc).unwrap_or(0) * 1000 + t as u64);
+            // Bounded: one call every few milliseconds, until the deadline or the
+            // controller is gone.
+            while now_ms() < until && std::os::unix::process::parent_id() == parent {
+                let key = rng.below(keys);
+                counts.calls.fetch_add(1, Ordering::Relaxed);
+                match pay(&idem, &watched, &ledger, inc, key, &mut rng).await {
+                    Outcome::Ran { acknowledged } => {
+                        counts.ran.fetch_add(1, Ordering::Relaxed);
+                        if acknowledged {
+                            let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
+                        }
+                    }
+                    Outcome::Replayed => {
+                        counts.replayed.fetch_add(1, Ordering::Relaxed);
+                        let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
+                    }
+                    Outcome::StoreError => {
+                        counts.store_errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Outcome::Busy => {
+                        counts.busy.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Outcome::Unexpected(why) => {
+                        counts.unexpected.fetch_add(1, Ordering::Relaxed);
+                        println!("unexpected {why}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2 + rng.below(8))).await;
+            }
+        }));
+    }
+    let printer = {
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            loop {
+                println!("{}", counts.line());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    for t in tasks {
+        t.await.map_err(|e| format!("worker task: {e}"))?;
+    }
+    printer.abort();
+    println!("{}", counts.line());
+    println!("done");
+    Ok(())
+}
