@@ -10,7 +10,7 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::args::Args;
 use crate::report::Report;
-use crate::{footprint, guarantees, peers, redis, scaling, sql, work};
+use crate::{consumer, footprint, guarantees, peers, redis, scaling, sql, work};
 
 /// One case family.
 pub struct Family {
@@ -42,6 +42,11 @@ pub const FAMILIES: &[Family] = &[
         name: "sql",
         about: "idem on SqlStore against a raw INSERT … ON CONFLICT DO NOTHING, per --sql",
         run: |a, r| Box::pin(sql::run(a, r)),
+    },
+    Family {
+        name: "consumer",
+        about: "idem's consumer rules against a bare ack-only consumer on NATS and RabbitMQ",
+        run: |a, r| Box::pin(consumer::run(a, r)),
     },
     Family {
         name: "guarantees",

@@ -29,6 +29,7 @@ pub mod stats;
 pub mod work;
 
 // One module per case family.
+pub mod consumer;
 pub mod footprint;
 pub mod guarantees;
 pub mod peers;

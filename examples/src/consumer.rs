@@ -23,7 +23,12 @@
 //! `--record-ttl-ms N` (default 300), `--store URL` (default `memory`).
 //!
 //! Exits non-zero if any message was credited twice or not at all.
+//!
+//! With `--broker nats://...` or `--broker amqp://...` it consumes a real broker instead
+//! (see `consumer/broker.rs` for the command lines).
 
+#[path = "consumer/broker.rs"]
+mod broker;
 mod runtime;
 
 use std::collections::HashMap;
@@ -175,6 +180,16 @@ async fn deliver(consumer: &Arc<Consumer>, workers: usize, batch: Vec<u64>) -> R
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.iter().any(|a| a == "--broker") {
+        return match broker::parse(raw) {
+            Ok(args) => broker::main(args).await,
+            Err(msg) => {
+                eprintln!("{msg}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(msg) => {

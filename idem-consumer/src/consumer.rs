@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use idem_runtime::{Error, Idem, Optimistic, Options, intern};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -302,7 +301,7 @@ impl<E: Effect> Consumer<E> {
             }
             Ok(Ran::Failed(e)) => self.failed(&delivery, &msg, e).await,
             Err(Error::InProgress { .. }) => {
-                let delay = self.lease_left(&msg).await;
+                let delay = s.effect.lease_left(&s.idem, &s.opts, &msg).await;
                 self.settle(&delivery, Settle::Nak(delay), Outcome::InFlight)
                     .await
             }
@@ -326,27 +325,6 @@ impl<E: Effect> Consumer<E> {
                 s.effect.run(&s.idem, &s.opts, msg).await
             }
             other => other,
-        }
-    }
-
-    /// How long the holder of `msg`'s claim still holds it, by the store's clock (the
-    /// nak delay of a duplicate that waited in vain). One claim probe: if the key turns
-    /// out free it is given back at once.
-    async fn lease_left(&self, msg: &Message) -> Duration {
-        let s = &*self.shared;
-        let key = s.idem.key(&s.opts, format_args!("{}", msg.id));
-        let owner = Owner::next();
-        let req = ClaimRequest::new(ClaimKind::Dedup, owner, s.opts.lease_for());
-        match s.idem.store().claim(&key, &req).await {
-            Ok(ClaimOutcome::Busy { retry_in, .. }) => retry_in,
-            Ok(ClaimOutcome::Claimed { .. }) => {
-                let _ = s.idem.store().release(&key, owner).await;
-                Duration::ZERO
-            }
-            Ok(_) => Duration::ZERO,
-            // Transactional mode: the holder's claim is uncommitted, so invisible; it
-            // ends at most a lease after its last statement.
-            Err(_) => s.opts.lease_for(),
         }
     }
 

@@ -3,6 +3,9 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 
 use idem_runtime::{BoxError, Error, Idem, Options, ReplayOk};
 
@@ -55,6 +58,16 @@ pub trait Effect: sealed::Sealed + Send + Sync + 'static {
         opts: &Options,
         msg: &Message,
     ) -> impl Future<Output = Result<Ran, Error>> + Send;
+
+    /// How long the holder of the message's claim may still hold it (the nak delay of a
+    /// duplicate that waited in vain).
+    #[doc(hidden)]
+    fn lease_left(
+        &self,
+        idem: &Idem,
+        opts: &Options,
+        msg: &Message,
+    ) -> impl Future<Output = Duration> + Send;
 }
 
 impl<H: Handler> sealed::Sealed for Plain<H> {}
@@ -91,6 +104,23 @@ impl<H: Handler> Effect for Plain<H> {
             Ok(()) => Ok(Ran::Replayed),
             Err(Failure::Handler(e)) => Ok(Ran::Failed(e)),
             Err(Failure::Idem(e)) => Err(e),
+        }
+    }
+
+    /// One claim probe, by the store's clock: if the key turns out free it is given back
+    /// at once.
+    async fn lease_left(&self, idem: &Idem, opts: &Options, msg: &Message) -> Duration {
+        let key = idem.key(opts, format_args!("{}", msg.id));
+        let owner = Owner::next();
+        let req = ClaimRequest::new(ClaimKind::Dedup, owner, opts.lease_for());
+        match idem.store().claim(&key, &req).await {
+            Ok(ClaimOutcome::Busy { retry_in, .. }) => retry_in,
+            Ok(ClaimOutcome::Claimed { .. }) => {
+                let _ = idem.store().release(&key, owner).await;
+                Duration::ZERO
+            }
+            Ok(_) => Duration::ZERO,
+            Err(_) => opts.lease_for(),
         }
     }
 }

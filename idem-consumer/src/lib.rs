@@ -18,6 +18,13 @@
 //!   enabled;
 //! - a record ttl shorter than the broker's redelivery horizon refuses to start.
 //!
+//! With [`Builder::handler`] the effect and its record are two writes: a consumer killed
+//! between them (after the effect, before the record) leaves the claim to end with its
+//! lease, and the redelivery runs the effect again. Where the effect is a database write,
+//! [`Builder::transactional`] (feature `postgres`) commits the claim, the effect and the
+//! record together, so no crash, kill or pause doubles it: a transaction left idle for
+//! the lease is ended by the server, and the paused consumer's commit is refused.
+//!
 //! ```
 //! use std::time::Duration;
 //! use bytes::Bytes;

@@ -2,6 +2,7 @@
 //! commit together, and the ack follows the commit.
 
 use std::future::Future;
+use std::time::Duration;
 
 use idem_runtime::store::sql::sqlx::{self, Postgres, Transaction};
 use idem_runtime::store::sql::{Begun, IdemTransaction};
@@ -79,5 +80,11 @@ impl<H: TxHandler> Effect for Transactional<H> {
                 Ok(Ran::Failed(e))
             }
         }
+    }
+
+    /// The holder's claim is uncommitted, so invisible (a probe would only block on its
+    /// row); the server ends it at most a lease after its last statement.
+    async fn lease_left(&self, _: &Idem, opts: &Options, _: &Message) -> Duration {
+        opts.lease_for()
     }
 }

@@ -287,7 +287,7 @@ async fn a_poison_message_is_terminated_after_max_attempts_counted_across_restar
     n.publish(Some("poison"), "{}").await;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ns = unique("ns");
-    let failing = || {
+    let failing = |base: u64| {
         Consumer::builder(
             Idem::builder()
                 .shared_store(store.clone())
@@ -296,17 +296,18 @@ async fn a_poison_message_is_terminated_after_max_attempts_counted_across_restar
             CREDIT.clone(),
         )
         .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .backoff(Duration::from_millis(base), Duration::from_millis(2 * base))
         .handler(|_: Message| async { Err::<(), BoxError>("the payload is unreadable".into()) })
     };
     // A first consumer fails twice, then goes away (its counters with it).
-    let first = failing();
+    // Its second failure is nak'ed for 2 s: time enough to stop it before a third.
+    let first = failing(1000);
     let run = spawn(&first, n.source(Duration::from_secs(5)).await);
     eventually(20, "two failures", || first.counters().handler_errors >= 2).await;
     let c1 = run.stop().await;
     assert_eq!((c1.handler_errors, c1.poison), (2, 0), "{c1:?}");
     // The next one sees the count in the store: one more failure is the third.
-    let second = failing();
+    let second = failing(10);
     let run = spawn(&second, n.source(Duration::from_secs(5)).await);
     eventually(20, "terminated", || second.counters().poison == 1).await;
     settle(300).await;

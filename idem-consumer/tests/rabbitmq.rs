@@ -196,20 +196,21 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_counted_across_res
     r.publish(Some("poison"), "{}").await;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ns = unique("ns");
-    let failing = || {
+    let failing = |base: u64| {
         Consumer::builder(idem_on(&store, &ns), CREDIT.clone())
             .max_attempts(3)
-            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .backoff(Duration::from_millis(base), Duration::from_millis(2 * base))
             .handler(|_: Message| async { Err::<(), BoxError>("unreadable".into()) })
     };
-    let first = failing();
+    // Its second failure is nak'ed for 2 s: time enough to stop it before a third.
+    let first = failing(1000);
     let (ch, src) = r.source().await;
     let run = spawn(&first, src);
     eventually(20, "two failures", || first.counters().handler_errors >= 2).await;
     let c1 = run.stop().await;
-    drop(ch);
+    let _ = ch.close(200, "".into()).await; // its prefetched deliveries go back to the queue
     assert_eq!((c1.handler_errors, c1.poison), (2, 0), "{c1:?}");
-    let second = failing();
+    let second = failing(10);
     let (_ch, src) = r.source().await;
     let run = spawn(&second, src);
     eventually(20, "dead-lettered", || second.counters().poison == 1).await;

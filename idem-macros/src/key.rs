@@ -1,13 +1,17 @@
 //! The key template: `"charge:{order.id}"` parsed into literal text and placeholders.
 //!
 //! Parsing happens once, when the attribute is read; checking the placeholders' roots
-//! against the function's parameters happens in `expand`, which knows the signature.
+//! against the function's parameters happens in `signature::check_references`, which
+//! knows the signature. `#[idempotent]` and `#[transition]` share this template.
 //! Every error is spanned at the key literal: a string literal cannot be sub-spanned on
 //! stable Rust, so the message quotes the offending placeholder instead.
 
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote, quote_spanned};
+use syn::parse::ParseStream;
 use syn::{Ident, Index, LitStr, Token};
+
+use crate::options::{Decl, Value, string};
 
 /// One parsed key template.
 pub(crate) struct Template {
@@ -47,8 +51,15 @@ enum Field {
     Unnamed(Index),
 }
 
+/// `key = "charge:{order.id}"`
+impl Value for Template {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        Template::new(string(input, option)?)
+    }
+}
+
 impl Template {
-    pub(crate) fn parse(lit: LitStr) -> syn::Result<Self> {
+    pub(crate) fn new(lit: LitStr) -> syn::Result<Self> {
         let value = lit.value();
         if value.is_empty() {
             return Err(syn::Error::new(
@@ -255,7 +266,7 @@ mod tests {
     }
 
     fn render(text: &str) -> String {
-        match Template::parse(lit(text)) {
+        match Template::new(lit(text)) {
             Ok(template) => template.render().to_string(),
             Err(e) => format!("error: {e}"),
         }
@@ -306,8 +317,7 @@ mod tests {
 
     #[test]
     fn single_placeholder() {
-        let single =
-            |text: &str| Template::parse(lit(text)).is_ok_and(|t| t.is_single_placeholder());
+        let single = |text: &str| Template::new(lit(text)).is_ok_and(|t| t.is_single_placeholder());
         assert!(single("{token}"));
         assert!(single("{req.token}"));
         assert!(!single("tok:{token}"));

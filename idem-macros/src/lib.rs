@@ -6,10 +6,16 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod attr;
-mod expand;
+// By phase: how mistakes are reported, how options are parsed, what the function must
+// look like, and what every rewrite shares; then one module per attribute.
+mod diagnostics;
 mod key;
-mod retry;
+mod options;
+mod rewrite;
+mod signature;
+
+mod idempotent;
+mod retry_on_conflict;
 mod transition;
 
 use proc_macro::TokenStream;
@@ -32,23 +38,26 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// The signature is unchanged, so call sites do not change. The function must be an
-/// `async fn` (free, or a method taking `self` in any form) returning `Result<T, E>`
-/// written out in full, with `E: From<idem_runtime::Error>` so idem's own errors
+/// `async fn` (free, or a method taking `self` in any form) returning `Result<T, E>`, or
+/// an alias of it whose name ends in `Result` (`std::result::Result<T, E>`,
+/// `AppResult<T>`), with `E: From<idem_runtime::Error>` so idem's own errors
 /// (`InProgress`, `Duplicate`, a store that is down, ...) reach the caller.
 ///
 /// # Options
 ///
+/// This is the one list of the options; the macro is tested to declare exactly these.
+///
 /// | option | meaning | default |
 /// |---|---|---|
-/// | `key = "tmpl"` | required. `{arg}` and `{arg.field.field}` render that value with `Display`; `{{` and `}}` are literal braces | — |
-/// | `strategy = "dedup" \| "lock" \| "token"` | run once and replay; mutual exclusion only; consume a one-time token | `"dedup"` |
-/// | `ttl = "24h"` | how long a completed record is kept (not for `lock`); must be above zero | `"24h"` |
-/// | `lease = "30s"` | in-progress lease, renewed while the body runs; must be above zero | `"30s"` |
-/// | `wait = "10s"` | how long a duplicate waits for its in-flight twin, or for the lock; `"0s"` fails at once | `"10s"` |
-/// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)` (not for `lock`) | dedup: replay, token: reject |
-/// | `fingerprint = [arg, ...]` | hash these (`Serialize`) arguments; the same key with other values is `Error::PayloadMismatch` (not for `lock`) | none |
-/// | `cache_err = true` | store `Err` results too instead of releasing the key (not for `lock`) | `false` |
-/// | `transaction = tx` | on a `SqlStore`: claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call (dedup only, not with `cache_err`) | none |
+/// | `key = "tmpl"` | required. What identifies one operation. `{arg}` and `{arg.field.0}` render that value with `Display` (no format specs); each placeholder starts at a parameter bound to a plain name, or `self` in a method; `{{` and `}}` are literal braces. With `strategy = "token"` the key is one placeholder and nothing else, the argument carrying the token (`"{token}"`) | — |
+/// | `strategy = "dedup" \| "lock" \| "token"` | run once and replay; mutual exclusion only; consume a one-time token from `Idem::issue_token` | `"dedup"` |
+/// | `ttl = "24h"` | how long a completed record (with `token`, the consumed token) is kept; above zero; not for `lock` | `"24h"` |
+/// | `lease = "30s"` | in-progress lease, renewed while the body runs, so it only decides how soon a crashed holder's key is taken over; above zero | `"30s"` |
+/// | `wait = "10s"` | how long a duplicate waits for its in-flight twin, or for the lock; `"0s"` fails at once with `Error::InProgress` | `"10s"` |
+/// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)`; not for `lock` | dedup: replay, token: reject |
+/// | `fingerprint = [arg, ...]` | hash these parameters (`Serialize`; `self` in a method), each named once; the same key with other values is `Error::PayloadMismatch`; not for `lock` | none |
+/// | `cache_err = true` | store `Err` results too (`E: Serialize + DeserializeOwned`) instead of releasing the key; not for `lock`, nor with `transaction` | `false` |
+/// | `transaction = tx` | on a `SqlStore` (a feature `postgres`, `mysql` or `sqlite` of idem-runtime): claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call. `dedup` only | none |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
 /// Durations are an integer and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"7d"`).
@@ -63,11 +72,11 @@ use proc_macro::TokenStream;
 ///
 /// Misuse is a compile error at the offending token: a non-async function, a missing
 /// `key`, a placeholder that names no parameter, an unknown option or value, an option
-/// given twice, a malformed duration, a return type that is not `Result<T, E>`, a
-/// replayed type without serde, and options that do not apply to the strategy.
+/// given twice, a malformed duration, a return type that is not a `Result`, a replayed
+/// type without serde, and options that do not apply to the strategy or to each other.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(args.into(), item.into()).into()
+    idempotent::expand(args.into(), item.into()).into()
 }
 
 /// Re-runs an `async fn` whose body lost an optimistic race: while it returns an `Err`
@@ -176,7 +185,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// given twice, `attempts = 0`, a malformed duration, `max_backoff` below `backoff`.
 #[proc_macro_attribute]
 pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
-    retry::retry_on_conflict(args.into(), item.into()).into()
+    retry_on_conflict::expand(args.into(), item.into()).into()
 }
 
 /// Runs an `async fn` as a state-machine move: the key moves to `to` and the body runs
@@ -265,5 +274,34 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 /// not `Result<Step<T>, E>`, an error type without `From<idem_runtime::Error>`.
 #[proc_macro_attribute]
 pub fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
-    transition::transition(args.into(), item.into()).into()
+    transition::expand(args.into(), item.into()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The option names in the table of the docs of `pub fn {attribute}`, in order.
+    fn documented(attribute: &str) -> Vec<String> {
+        let source = include_str!("lib.rs");
+        let end = source
+            .find(&format!("pub fn {attribute}("))
+            .unwrap_or_else(|| panic!("no entry point `{attribute}`"));
+        // The docs between the previous entry point's closing brace and this one.
+        let docs = source[..end].rsplit("\n}\n").next().unwrap_or_default();
+        docs.lines()
+            .filter_map(|line| line.trim().strip_prefix("/// | `"))
+            .map(|row| row.split([' ', '`']).next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// Each attribute's options table lists exactly the options the macro declares, so
+    /// the docs and the parser cannot drift apart.
+    #[test]
+    fn the_option_tables_are_the_declared_options() {
+        assert_eq!(documented("idempotent"), crate::idempotent::OPTIONS);
+        assert_eq!(
+            documented("retry_on_conflict"),
+            crate::retry_on_conflict::OPTIONS
+        );
+        assert_eq!(documented("transition"), crate::transition::OPTIONS);
+    }
 }

@@ -2,103 +2,53 @@
 //! a state-machine move, only for the caller that performs it.
 //!
 //! The key template is the one of `#[idempotent]` (`key::Template`), checked against the
-//! signature by the same function (`expand::check_references`). The rewrite is one call
-//! into `__private` with the body as an `async move` block yielding `Result<T, E>`, while
-//! the function returns `Result<Step<T>, E>`.
+//! signature by the same function (`signature::check_references`). The rewrite is one
+//! call into the runtime's private module with the body as an `async move` block yielding
+//! `Result<T, E>`, while the function returns `Result<Step<T>, E>`.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
-use syn::ext::IdentExt;
 use syn::parse::ParseStream;
 use syn::spanned::Spanned;
-use syn::{GenericArgument, Ident, ItemFn, LitStr, PathArguments, ReturnType, Token, Type};
+use syn::{GenericArgument, Ident, ItemFn, LitStr, PathArguments, Signature, Type};
 
-use crate::attr::{
-    Config, CrateArg, Errors, parse_eq_str, parse_options, set_once, unknown_option,
-};
-use crate::expand::{Params, check_references};
+use crate::diagnostics::{Errors, internal, unknown_option};
 use crate::key::Template;
-use crate::retry::PRIVATE_ALIAS;
+use crate::options::{CratePath, Decl, Options, Value, declare_options, parse_options, string};
+use crate::rewrite::{Private, on_fn, signature_span, typed_block};
+use crate::signature::{ResultType, check_references, require_async};
 
-mod kw {
-    syn::custom_keyword!(machine);
-    syn::custom_keyword!(key);
-    syn::custom_keyword!(to);
-}
-
-const OPTIONS: &[&str] = &["machine", "key", "to", "crate"];
+const ATTRIBUTE: &str = "#[transition]";
 
 const EXAMPLE: &str = "#[transition(machine = ORDER, key = \"{order_id}\", to = \"shipped\")]";
 
-/// `machine = ORDER`
-struct MachineArg {
-    kw: Span,
-    path: syn::Path,
-}
-
-/// `key = "{order_id}"`
-struct KeyArg {
-    kw: Span,
-    template: Template,
-}
-
-/// `to = "shipped"`
-struct ToArg {
-    kw: Span,
-    lit: LitStr,
-}
-
-enum Arg {
-    Machine(MachineArg),
-    Key(KeyArg),
-    To(ToArg),
-    Crate(CrateArg),
-}
-
-impl Arg {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        if input.peek(kw::machine) {
-            let kw: kw::machine = input.parse()?;
-            MachineArg::parse_value(kw.span, input).map(Arg::Machine)
-        } else if input.peek(kw::key) {
-            let kw: kw::key = input.parse()?;
-            let lit = parse_eq_str(input, "key", "\"{order_id}\"")?;
-            Ok(Arg::Key(KeyArg {
-                kw: kw.span,
-                template: Template::parse(lit)?,
-            }))
-        } else if input.peek(kw::to) {
-            let kw: kw::to = input.parse()?;
-            ToArg::parse_value(kw.span, input).map(Arg::To)
-        } else if input.peek(Token![crate]) {
-            let kw: Token![crate] = input.parse()?;
-            CrateArg::parse_value(kw.span, input).map(Arg::Crate)
-        } else {
-            let name = input.call(Ident::parse_any)?;
-            Err(match name.to_string().as_str() {
-                option @ ("lease" | "wait" | "ttl") => syn::Error::new(
-                    name.span(),
-                    format!(
-                        "`{option}` belongs to the state machine, not to one move: set it where \
-                         the machine is built, with StateMachine::builder(..).{option}(..)"
-                    ),
-                ),
-                _ => unknown_option(&name, OPTIONS),
-            })
-        }
+declare_options! {
+    /// The options of `#[transition]` as written, each at most once.
+    struct Given {
+        machine: Machine = "machine" (e.g. "ORDER"),
+        key: Template = "key" (e.g. "\"{order_id}\""),
+        to: ToState = "to" (e.g. "\"shipped\""),
+        krate: CratePath = "crate" (e.g. "\"::idem_runtime\""),
     }
 }
 
-impl MachineArg {
-    fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        input.parse::<Token![=]>()?;
+/// The option names, for the test that the docs' table lists the same.
+#[cfg(test)]
+pub(crate) const OPTIONS: &[&str] = <Given as Options>::NAMES;
+
+/// `machine = ORDER`: the path of a static `StateMachine`.
+struct Machine(syn::Path);
+
+impl Value for Machine {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let Decl { name, example } = option;
         if input.peek(LitStr) {
             let lit: LitStr = input.parse()?;
             return Err(syn::Error::new(
                 lit.span(),
                 format!(
-                    "`machine` takes the path of a static StateMachine, not a string; write it \
-                     without quotes, e.g. machine = {}",
+                    "`{name}` takes the path of a static StateMachine, not a string; write it \
+                     without quotes, e.g. {name} = {}",
                     lit.value()
                 ),
             ));
@@ -106,34 +56,33 @@ impl MachineArg {
         let path: syn::Path = input.parse().map_err(|e| {
             syn::Error::new(
                 e.span(),
-                "`machine` takes the path of a static StateMachine (or a static that \
-                 derefs to one, like a LazyLock<StateMachine>), e.g. machine = ORDER",
+                format!(
+                    "`{name}` takes the path of a static StateMachine (or a static that \
+                     derefs to one, like a LazyLock<StateMachine>), e.g. {name} = {example}"
+                ),
             )
         })?;
-        Ok(MachineArg { kw, path })
+        Ok(Machine(path))
     }
 }
 
-impl ToArg {
-    fn parse_value(kw: Span, input: ParseStream<'_>) -> syn::Result<Self> {
-        let lit = parse_eq_str(input, "to", "\"shipped\"")?;
+/// `to = "shipped"`: a state's name, not empty.
+struct ToState(LitStr);
+
+impl Value for ToState {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let lit = string(input, option)?;
         if lit.value().is_empty() {
+            let Decl { name, example } = option;
             return Err(syn::Error::new(
                 lit.span(),
-                "`to` is empty; name the state this move enters, e.g. to = \"shipped\"",
+                format!(
+                    "`{name}` is empty; name the state this move enters, e.g. {name} = {example}"
+                ),
             ));
         }
-        Ok(ToArg { kw, lit })
+        Ok(ToState(lit))
     }
-}
-
-/// The options as given, each at most once.
-#[derive(Default)]
-struct Configuration {
-    machine: Option<MachineArg>,
-    key: Option<KeyArg>,
-    to: Option<ToArg>,
-    krate: Option<CrateArg>,
 }
 
 /// The checked options.
@@ -141,76 +90,68 @@ struct Checked {
     machine: syn::Path,
     key: Template,
     to: LitStr,
-    krate: Option<CrateArg>,
+    private: Private,
 }
 
-impl Configuration {
-    fn set(&mut self, arg: Arg) -> syn::Result<()> {
-        match arg {
-            Arg::Machine(a) => {
-                let kw = a.kw;
-                set_once(&mut self.machine, a, "machine", kw)
-            }
-            Arg::Key(a) => {
-                let kw = a.kw;
-                set_once(&mut self.key, a, "key", kw)
-            }
-            Arg::To(a) => {
-                let kw = a.kw;
-                set_once(&mut self.to, a, "to", kw)
-            }
-            Arg::Crate(a) => {
-                let kw = a.kw();
-                set_once(&mut self.krate, a, "crate", kw)
-            }
-        }
+/// An option of `#[idempotent]` that a move does not take says where it belongs.
+fn unknown(name: &Ident) -> syn::Error {
+    match name.to_string().as_str() {
+        option @ ("lease" | "wait" | "ttl") => syn::Error::new(
+            name.span(),
+            format!(
+                "`{option}` belongs to the state machine, not to one move: set it where \
+                 the machine is built, with StateMachine::builder(..).{option}(..)"
+            ),
+        ),
+        _ => unknown_option(name, Given::NAMES),
     }
+}
 
-    /// Parses the options; `None` if a required one is missing or did not parse (each
-    /// mistake is in `errors`).
-    fn parse(args: TokenStream, errors: &mut Errors) -> Option<Checked> {
-        let mut config = Configuration::default();
-        let failed = parse_options(args, errors, Arg::parse, |arg| config.set(arg));
-        let mut missing = |name: &str, what: &str| {
-            // An option that was written but did not parse has its own error already.
-            if !failed.iter().any(|f| f == name) {
-                errors.push(syn::Error::new(
-                    Span::call_site(),
-                    format!("missing `{name}`: {what}, e.g. {EXAMPLE}"),
-                ));
-            }
-        };
-        if config.machine.is_none() {
-            missing(
-                "machine",
-                "name the static StateMachine this move belongs to",
-            );
+/// Parses the options; `None` if a required one is missing or did not parse (each
+/// mistake is in `errors`).
+fn parse(args: TokenStream, errors: &mut Errors) -> Option<Checked> {
+    let parsed = parse_options::<Given>(args, errors, unknown);
+    let mut missing = |name: &str, what: &str| {
+        // An option that was written but did not parse has its own error already.
+        if !parsed.failed(name) {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                format!("missing `{name}`: {what}, e.g. {EXAMPLE}"),
+            ));
         }
-        if config.key.is_none() {
-            missing(
-                "key",
-                "name which record moves (an order id, an approval id)",
-            );
-        }
-        if config.to.is_none() {
-            missing("to", "name the state this move enters");
-        }
-        Some(Checked {
-            machine: config.machine?.path,
-            key: config.key?.template,
-            to: config.to?.lit,
-            krate: config.krate,
-        })
+    };
+    let given = &parsed.options;
+    if given.machine.is_none() {
+        missing(
+            "machine",
+            "name the static StateMachine this move belongs to",
+        );
     }
+    if given.key.is_none() {
+        missing(
+            "key",
+            "name which record moves (an order id, an approval id)",
+        );
+    }
+    if given.to.is_none() {
+        missing("to", "name the state this move enters");
+    }
+    let given = parsed.options;
+    Some(Checked {
+        machine: given.machine?.value.0,
+        key: given.key?.value,
+        to: given.to?.value.0,
+        private: Private::new(given.krate),
+    })
 }
 
 /// Expands `#[transition(args)] item`. On an error the function is still emitted next to
 /// it, so an editor keeps seeing it (see `unexpanded`).
-pub(crate) fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
-    crate::expand::on_fn(
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    on_fn(
         item,
         "#[transition] goes on an `async fn` with a body returning `Result<Step<T>, E>`",
-        |func| expand(args, func),
+        |func| expand_fn(args, func),
         unexpanded,
     )
 }
@@ -220,7 +161,7 @@ pub(crate) fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
 /// would add a type error to the real one; the body is kept (type-checked, for the
 /// editor) in a block that is never run, and the function diverges.
 fn unexpanded(func: &ItemFn) -> TokenStream {
-    let Ok(types) = step_types(&func.sig.output, &func.sig.ident) else {
+    let Ok(body_ty) = body_type(&func.sig) else {
         // The return type is the mistake: as written, it agrees with the body.
         return func.to_token_stream();
     };
@@ -230,9 +171,8 @@ fn unexpanded(func: &ItemFn) -> TokenStream {
         sig,
         block,
     } = func;
-    let body_ty = &types.body;
     let ret = Ident::new("__idem_ret", Span::mixed_site());
-    let typed_body = crate::expand::typed_block(&ret, body_ty, block);
+    let typed_body = typed_block(&ret, &body_ty, block);
     quote! {
         #(#attrs)*
         #vis #sig {
@@ -242,114 +182,63 @@ fn unexpanded(func: &ItemFn) -> TokenStream {
     }
 }
 
-fn expand(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
+fn expand_fn(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
-    let checked = Configuration::parse(args, &mut errors);
+    let checked = parse(args, &mut errors);
     let sig = &func.sig;
-    if sig.asyncness.is_none() {
-        errors.push(syn::Error::new(
-            sig.fn_token.span,
-            "#[transition] needs an `async fn`: the body runs as a future while the move is \
-             held; write `async fn`",
-        ));
-    }
-    let types = step_types(&sig.output, &sig.ident)
-        .map_err(|e| errors.push(e))
-        .ok();
+    require_async(
+        sig,
+        ATTRIBUTE,
+        "the body runs as a future while the move is held",
+        &mut errors,
+    );
+    let types = step_types(sig).map_err(|e| errors.push(e)).ok();
     // The key's placeholders are checked exactly as `#[idempotent]` checks its key.
-    let checked = checked.map(|checked| {
-        let as_key = Config::key_only(checked.key);
-        check_references(&as_key, &Params::of(func), &sig.ident, &mut errors);
-        Checked {
-            key: as_key.key,
-            ..checked
-        }
-    });
+    if let Some(checked) = &checked {
+        check_references(func, &checked.key, &[], &mut errors);
+    }
     errors.finish()?;
     match (checked, types) {
         (Some(checked), Some(types)) => Ok(rewrite(func, checked, types)),
-        _ => Err(syn::Error::new(
-            Span::call_site(),
-            "idem: internal error in #[transition], please report it",
-        )),
+        _ => Err(internal(ATTRIBUTE)),
     }
 }
 
-/// The declared `Result<Step<T>, E>`, the `Result<T, E>` the body yields, and the span of
-/// the return type's first token.
+/// The declared `Result<Step<T>, E>` and the `Result<T, E>` the body yields.
 struct StepTypes<'a> {
     whole: &'a Type,
     body: Type,
 }
 
-fn step_types<'a>(output: &'a ReturnType, name: &Ident) -> syn::Result<StepTypes<'a>> {
+fn step_types(sig: &Signature) -> syn::Result<StepTypes<'_>> {
     const HOW: &str = "#[transition] needs the return type written as `Result<Step<T>, E>` \
                        (or `Result<Step, E>` for T = ()): the caller that performs the move \
                        gets `Step::Performed { from, value }` with the body's `Ok(value)`, the \
                        others `Step::AlreadyThere`; `E: From<idem_runtime::Error>` carries \
                        idem's own errors, such as an invalid transition";
-    let whole = match output {
-        ReturnType::Type(_, ty) => &**ty,
-        ReturnType::Default => {
-            return Err(syn::Error::new(
-                name.span(),
-                format!("`{name}` returns nothing; {HOW}"),
-            ));
-        }
-    };
-    let wrong = || syn::Error::new_spanned(whole, HOW);
-    let Type::Path(path) = whole else {
-        return Err(wrong());
-    };
-    let Some(last) = path.path.segments.last() else {
-        return Err(wrong());
-    };
-    if !last.ident.to_string().ends_with("Result") {
-        return Err(wrong());
-    }
-    let alias = || {
-        syn::Error::new_spanned(
-            whole,
+    let result = ResultType::of(sig, HOW)?;
+    // `Step<T>` must be visible to be rewritten to `T`, and an alias that fixes the error
+    // type would hide which of its parameters is `T`.
+    let [ok, _err] = result.args.as_slice() else {
+        return Err(syn::Error::new_spanned(
+            result.whole,
             format!(
                 "{HOW} (a `Result` alias with one parameter hides the error type; write both \
                  out)"
             ),
-        )
-    };
-    let PathArguments::AngleBracketed(generics) = &last.arguments else {
-        return Err(alias());
-    };
-    let types: Vec<&Type> = generics
-        .args
-        .iter()
-        .filter_map(|arg| match arg {
-            GenericArgument::Type(ty) => Some(ty),
-            _ => None,
-        })
-        .collect();
-    let [ok, _err] = types.as_slice() else {
-        return Err(alias());
+        ));
     };
     let value = step_value(ok)?;
-    // The body's type: the same `Result` path with `Step<T>` replaced by `T`.
-    let mut body = whole.clone();
-    if let Type::Path(path) = &mut body
-        && let Some(last) = path.path.segments.last_mut()
-        && let PathArguments::AngleBracketed(generics) = &mut last.arguments
-        && let Some(first) = generics
-            .args
-            .iter_mut()
-            .find(|arg| matches!(arg, GenericArgument::Type(_)))
-    {
-        *first = GenericArgument::Type(value);
-    }
-    Ok(StepTypes { whole, body })
+    Ok(StepTypes {
+        whole: result.whole,
+        body: result.with_ok(value),
+    })
 }
 
 /// The `Result<T, E>` that the body of a function returning `Result<Step<T>, E>` yields,
 /// for `#[retry_on_conflict]` written above `#[transition]`.
-pub(crate) fn body_type(output: &ReturnType, name: &Ident) -> syn::Result<Type> {
-    step_types(output, name).map(|types| types.body)
+pub(crate) fn body_type(sig: &Signature) -> syn::Result<Type> {
+    step_types(sig).map(|types| types.body)
 }
 
 /// `T` of `Step<T>` (`()` for a bare `Step`), or an error at the `Ok` type.
@@ -394,9 +283,8 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
         sig,
         block,
     } = func;
-    let (private_path, private_span) = CrateArg::private(checked.krate);
-    let private = Ident::new(PRIVATE_ALIAS, Span::call_site());
-    let import = quote_spanned!(private_span=> use #private_path as #private;);
+    let import = checked.private.import();
+    let private = Private::alias();
 
     // Locals get mixed-site hygiene: the user's body cannot see or shadow them.
     let rt = Ident::new("__idem_rt", Span::mixed_site());
@@ -413,14 +301,14 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
 
     // The body's type is `Result<T, E>`, so `Ok(value)` and `?` in it work as in any
     // function returning that.
-    let typed_body = crate::expand::typed_block(&ret, body_ty, block);
+    let typed_body = typed_block(&ret, body_ty, block);
     let body = quote!(async move #typed_body);
 
     // As in `#[idempotent]`: every token of the call carries the span of the first token
     // of the return type, so an `E` without `From<idem_runtime::Error>` is reported once,
     // on the signature.
-    let at = crate::expand::signature_span(&types.whole);
-    let private_at = Ident::new(PRIVATE_ALIAS, at);
+    let at = signature_span(&types.whole);
+    let private_at = Private::alias_at(at);
     let function_at = Ident::new("transition", at);
     let mut args = Group::new(
         Delimiter::Parenthesis,

@@ -625,3 +625,70 @@ async fn values_without_clone_replay_by_decoding() {
         })
         .await;
 }
+
+/// A `Result` alias that fixes the error type: the `Ok` type is still seen (so a `Clone`
+/// value replays by clone), and `?` converts into the alias's error type.
+type AppResult<T> = Result<T, AppError>;
+
+static ALIAS_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = "alias:{order_id}")]
+async fn charge_alias(order_id: u64, raw: &str) -> AppResult<Receipt> {
+    let serial = ALIAS_RUNS.fetch_add(1, Ordering::SeqCst);
+    let cents: u64 = raw.parse()?;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(Receipt {
+        order: order_id,
+        cents,
+        serial,
+    })
+}
+
+/// An alias with no parameters hides the `Ok` type: replays decode the stored value.
+type CountResult = std::result::Result<u64, AppError>;
+
+static COUNT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = "count:{id}")]
+async fn count_alias(id: u64) -> CountResult {
+    COUNT_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(id * 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn result_aliases_run_once_under_concurrent_duplicates() {
+    let idem = idem();
+    let mut tasks = JoinSet::new();
+    for _ in 0..50 {
+        let idem = idem.clone();
+        tasks.spawn(async move {
+            idem.scope(async { (charge_alias(3, "250").await, count_alias(5).await) })
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (receipt, count) = joined.expect("task panicked");
+        let receipt = receipt.expect("charge failed");
+        assert_eq!((receipt.order, receipt.cents, receipt.serial), (3, 250, 0));
+        assert_eq!(count.expect("count failed"), 15);
+    }
+    assert_eq!(
+        ALIAS_RUNS.load(Ordering::SeqCst),
+        1,
+        "body ran more than once"
+    );
+    assert_eq!(
+        COUNT_RUNS.load(Ordering::SeqCst),
+        1,
+        "body ran more than once"
+    );
+
+    // The body's own error, through `?` into the alias's error type, releases the key.
+    let bad = idem.scope(charge_alias(4, "twelve")).await;
+    assert!(matches!(bad, Err(AppError::BadInput(_))), "{bad:?}");
+    let good = idem
+        .scope(charge_alias(4, "12"))
+        .await
+        .expect("charge failed");
+    assert_eq!((good.order, good.cents), (4, 12));
+}

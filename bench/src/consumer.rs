@@ -1,0 +1,259 @@
+//! The `consumer` family: messages/s through idem's consumer rules against a bare
+//! consumer that only acks, on the same broker, the same kind of stream or queue holding
+//! the same messages, the same prefetch, the same concurrency and the same adapter (so the
+//! same ack: JetStream's double ack, lapin's checked ack). The difference is what idem
+//! adds per message: the claim, the record and the rules. Measured on MemoryStore and,
+//! with a PostgreSQL `--sql` URL, on SqlStore.
+//!
+//! Brokers: NATS JetStream at `$IDEM_BENCH_NATS` (default `nats://127.0.0.1:4222`) and
+//! RabbitMQ at `$IDEM_BENCH_AMQP` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
+//! a broker that does not answer is noted and skipped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, message::PublishMessage, stream};
+use futures_util::future::join_all;
+use idem_consumer::nats::NatsSource;
+use idem_consumer::rabbitmq::RabbitSource;
+use idem_consumer::{Consumer, Delivery, Message, Source};
+use idem_runtime::{BoxError, Idem, MemoryStore, Options, SqlStore, Store};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Connection};
+use tokio::sync::Semaphore;
+
+use crate::args::Args;
+use crate::report::{Report, Summary};
+
+/// Deliveries in flight, and messages pulled ahead (NATS batch, AMQP prefetch).
+const CONCURRENCY: usize = 64;
+const PREFETCH: usize = 256;
+
+static OPS: Options = Options::dedup("bench::consumer");
+
+/// Runs the family: for each broker that answers, the bare consumer and idem's on each
+/// store, then one `ratio consumer-BROKER-STORE` line each.
+pub(crate) async fn run(args: &Args, report: &mut Report) {
+    let n: usize = if args.quick { 5_000 } else { 20_000 };
+    let pg = args.sql.iter().find(|u| u.starts_with("postgres")).cloned();
+    let nats_url = std::env::var("IDEM_BENCH_NATS").unwrap_or("nats://127.0.0.1:4222".into());
+    let amqp_url =
+        std::env::var("IDEM_BENCH_AMQP").unwrap_or("amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    for broker in [Broker::Nats(nats_url), Broker::Amqp(amqp_url)] {
+        if let Err(e) = broker_cases(args, report, &broker, n, pg.as_deref()).await {
+            report.note(format!("consumer/{} skipped: {e}", broker.name()));
+        }
+    }
+}
+
+enum Broker {
+    Nats(String),
+    Amqp(String),
+}
+
+impl Broker {
+    fn name(&self) -> &'static str {
+        match self {
+            Broker::Nats(_) => "nats",
+            Broker::Amqp(_) => "rabbitmq",
+        }
+    }
+}
+
+async fn broker_cases(
+    args: &Args,
+    report: &mut Report,
+    broker: &Broker,
+    n: usize,
+    pg: Option<&str>,
+) -> Result<(), BoxError> {
+    let mut stores: Vec<(&str, Arc<dyn Store>)> = vec![("memory", Arc::new(MemoryStore::new()))];
+    if let Some(url) = pg {
+        stores.push(("postgres", Arc::new(SqlStore::connect(url).await?)));
+    }
+    let group = format!("consumer/{}", broker.name());
+    // The median of the repeats of each case, the bare one and idem's interleaved so a
+    // drift of the machine's load hits both alike.
+    let mut bare = Vec::new();
+    let mut idem: Vec<Vec<f64>> = vec![Vec::new(); stores.len()];
+    for _ in 0..args.repeats() {
+        bare.push(measure(broker, n, None).await?);
+        for (i, (_, store)) in stores.iter().enumerate() {
+            idem[i].push(measure(broker, n, Some(store.clone())).await?);
+        }
+    }
+    let bare = report.add_summary(&group, "bare consumer (ack only)", summary(bare));
+    for ((name, _), rates) in stores.iter().zip(idem) {
+        let s = report.add_summary(&group, &format!("idem consumer on {name}"), summary(rates));
+        report.ratio(
+            format!("consumer-{}-{name}", broker.name()),
+            &s,
+            &bare,
+            "idem consumer msgs/s ÷ bare ack-only consumer msgs/s, same broker, prefetch and adapter",
+        );
+    }
+    Ok(())
+}
+
+fn summary(mut rates: Vec<f64>) -> Summary {
+    rates.sort_by(f64::total_cmp);
+    Summary {
+        tasks: CONCURRENCY,
+        ops_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+        errors: 0,
+    }
+}
+
+/// Publishes `n` fresh messages, then consumes them all: through idem on `store`, or
+/// bare (`None`). Messages per second from the first pull to the last ack.
+async fn measure(
+    broker: &Broker,
+    n: usize,
+    store: Option<Arc<dyn Store>>,
+) -> Result<f64, BoxError> {
+    let tag = format!("{}_{}", crate::load::run_tag(), crate::load::fresh_id());
+    match broker {
+        Broker::Nats(url) => {
+            let js = jetstream::new(async_nats::connect(url).await?);
+            let name = format!("BENCH_{tag}");
+            let subject = format!("{name}.m");
+            let st = js
+                .create_stream(stream::Config {
+                    name: name.clone(),
+                    subjects: vec![subject.clone()],
+                    max_age: Duration::from_secs(600),
+                    ..Default::default()
+                })
+                .await?;
+            let mut acks = Vec::with_capacity(n);
+            for i in 0..n {
+                let m = PublishMessage::build()
+                    .payload("{}".into())
+                    .message_id(format!("{tag}-{i}"));
+                acks.push(js.send_publish(subject.clone(), m).await?);
+            }
+            // Every publish is in flight already; collect the acks in order.
+            for a in acks {
+                a.await?;
+            }
+            let mut c = st
+                .create_consumer(pull::Config {
+                    durable_name: Some("D".into()),
+                    ack_wait: Duration::from_secs(30),
+                    max_deliver: 5,
+                    max_ack_pending: 10_000,
+                    ..Default::default()
+                })
+                .await?;
+            let source = NatsSource::new(&mut c, Duration::from_secs(600), PREFETCH).await?;
+            let rate = consume(source, n, store).await;
+            let _ = js.delete_stream(&name).await;
+            rate
+        }
+        Broker::Amqp(url) => {
+            let conn = Connection::connect(url, Default::default()).await?;
+            let ch = conn.create_channel().await?;
+            let queue = format!("bench_{tag}");
+            ch.queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+            let mut confirms = Vec::with_capacity(n);
+            for i in 0..n {
+                let props = BasicProperties::default()
+                    .with_message_id(ShortString::from(format!("{tag}-{i}")));
+                confirms.push(
+                    ch.basic_publish(
+                        "".into(),
+                        queue.as_str().into(),
+                        BasicPublishOptions::default(),
+                        b"{}",
+                        props,
+                    )
+                    .await?,
+                );
+            }
+            for c in join_all(confirms).await {
+                c?;
+            }
+            let source = RabbitSource::new(&ch, &queue, PREFETCH as u16).await?;
+            let rate = consume(source, n, store).await;
+            let _ = ch
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = conn.close(200, "".into()).await;
+            rate
+        }
+    }
+}
+
+async fn consume<S: Source + 'static>(
+    source: S,
+    n: usize,
+    store: Option<Arc<dyn Store>>,
+) -> Result<f64, BoxError> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
+    match store {
+        None => bare(source, n as u64, deadline).await?,
+        Some(store) => {
+            let idem = Idem::builder()
+                .shared_store(store)
+                .namespace(format!("bench-consumer-{}", crate::load::run_tag()))
+                .build();
+            let consumer = Consumer::builder(idem, OPS.clone())
+                .concurrency(CONCURRENCY)
+                .handler(|_: Message| async { Ok::<_, BoxError>(()) });
+            let watch = consumer.clone();
+            let done = async move {
+                while watch.counters().processed < n as u64 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            };
+            let c = consumer.run(source, done).await?;
+            if c.processed < n as u64 || c.ack_failures > 0 {
+                return Err(format!("idem consumer: {c:?} of {n}").into());
+            }
+        }
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The baseline: the same pull loop shape as [`Consumer::run`] (a task per delivery, at
+/// most [`CONCURRENCY`] in flight), and each delivery only acked.
+async fn bare<S: Source>(mut source: S, n: u64, deadline: Instant) -> Result<(), BoxError> {
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let acked = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut pulled = 0;
+    while pulled < n {
+        let slot = slots.clone().acquire_owned().await?;
+        let d = match source.next().await {
+            Some(d) => d?,
+            None => return Err("the subscription ended".into()),
+        };
+        pulled += 1;
+        let acked = acked.clone();
+        tasks.spawn(async move {
+            if d.ack().await.is_ok() {
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(slot);
+        });
+        while tasks.try_join_next().is_some() {}
+        if Instant::now() > deadline {
+            return Err("bare consumer: timed out".into());
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    match acked.load(Ordering::Relaxed) {
+        a if a == n => Ok(()),
+        a => Err(format!("bare consumer: {a} of {n} acks went through").into()),
+    }
+}

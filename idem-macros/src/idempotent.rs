@@ -1,0 +1,559 @@
+//! `#[idempotent(...)]`: its options, the rules that involve several of them, and the
+//! rewrite, where the body becomes an `async move` block handed to one runtime function.
+//!
+//! Everything the expansion needs from the runtime is under the runtime's private module
+//! (`rewrite::Private`); the signature, attributes and visibility of the function are
+//! kept as written, so call sites do not change.
+
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::punctuated::Punctuated;
+use syn::{Ident, ItemFn, Token, bracketed};
+
+use crate::diagnostics::{Errors, internal, unknown_option};
+use crate::key::Template;
+use crate::options::{
+    CratePath, DAY_MS, Decl, Duration, Options, Value, choice, declare_options, parse_options,
+};
+use crate::rewrite::{Private, on_fn, signature_span, typed_block};
+use crate::signature::{ResultType, check_references, require_async};
+
+const ATTRIBUTE: &str = "#[idempotent]";
+
+declare_options! {
+    /// The options of `#[idempotent]` as written, each at most once. The table in the
+    /// crate's docs of `idempotent` lists the same options, in the same order.
+    struct Given {
+        key: Template = "key" (e.g. "\"charge:{order.id}\""),
+        strategy: Strategy = "strategy" (e.g. "\"lock\""),
+        ttl: Ttl = "ttl" (e.g. "\"24h\""),
+        lease: Lease = "lease" (e.g. "\"30s\""),
+        wait: Duration = "wait" (e.g. "\"10s\""),
+        on_duplicate: OnDuplicate = "on_duplicate" (e.g. "\"reject\""),
+        fingerprint: ParamList = "fingerprint" (e.g. "[order, cents]"),
+        cache_err: bool = "cache_err" (e.g. "true"),
+        transaction: Transaction = "transaction" (e.g. "tx"),
+        krate: CratePath = "crate" (e.g. "\"::idem_runtime\""),
+    }
+}
+
+/// The option names, for the test that the docs' table lists the same.
+#[cfg(test)]
+pub(crate) const OPTIONS: &[&str] = <Given as Options>::NAMES;
+
+const DEFAULT_TTL_MS: u64 = DAY_MS;
+const DEFAULT_LEASE_MS: u64 = 30_000;
+const DEFAULT_WAIT_MS: u64 = 10_000;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    Dedup,
+    Lock,
+    Token,
+}
+
+impl Value for Strategy {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        choice(
+            input,
+            option,
+            &[
+                ("dedup", Strategy::Dedup),
+                ("lock", Strategy::Lock),
+                ("token", Strategy::Token),
+            ],
+        )
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnDuplicate {
+    Replay,
+    Reject,
+}
+
+impl Value for OnDuplicate {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        choice(
+            input,
+            option,
+            &[
+                ("replay", OnDuplicate::Replay),
+                ("reject", OnDuplicate::Reject),
+            ],
+        )
+    }
+}
+
+/// `ttl = "24h"`, above zero: a zero ttl keeps no record.
+struct Ttl(u64);
+
+impl Value for Ttl {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        positive(input, option, "keeps no record").map(Ttl)
+    }
+}
+
+/// `lease = "30s"`, above zero: a zero lease expires at once.
+struct Lease(u64);
+
+impl Value for Lease {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        positive(input, option, "expires at once").map(Lease)
+    }
+}
+
+/// The milliseconds of a duration that must be above zero; `zero` says what a zero one
+/// would do.
+fn positive(input: ParseStream<'_>, option: &Decl, zero: &str) -> syn::Result<u64> {
+    let duration = Duration::parse(input, option)?;
+    if duration.millis == 0 {
+        let Decl { name, example } = option;
+        return Err(syn::Error::new(
+            duration.lit.span(),
+            format!(
+                "`{name}` must be greater than zero (a zero {name} {zero}), e.g. {name} = {example}"
+            ),
+        ));
+    }
+    Ok(duration.millis)
+}
+
+/// `fingerprint = [order, cents]`: distinct names, at least one.
+struct ParamList(Vec<Ident>);
+
+impl Value for ParamList {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let Decl { name, example } = option;
+        if !input.peek(syn::token::Bracket) {
+            return Err(input.error(format!(
+                "`{name}` takes a list of argument names, e.g. {name} = {example}"
+            )));
+        }
+        let content;
+        let brackets = bracketed!(content in input);
+        // `Ident::parse_any` so that `self` can be fingerprinted in a method.
+        let list = Punctuated::<Ident, Token![,]>::parse_terminated_with(&content, |input| {
+            input.call(Ident::parse_any)
+        })?;
+        if list.is_empty() {
+            return Err(syn::Error::new(
+                brackets.span.join(),
+                format!(
+                    "the {name} lists no argument; name the arguments to hash, \
+                     e.g. {name} = {example}, or remove the option"
+                ),
+            ));
+        }
+        let mut args: Vec<Ident> = Vec::new();
+        let mut errors = Errors::default();
+        for ident in list {
+            if args.contains(&ident) {
+                errors.push(syn::Error::new(
+                    ident.span(),
+                    format!("`{ident}` is listed twice in the {name}; remove one"),
+                ));
+            } else {
+                args.push(ident);
+            }
+        }
+        errors.finish()?;
+        Ok(ParamList(args))
+    }
+}
+
+/// `transaction = tx`: the parameter carrying the caller's open SQL transaction.
+struct Transaction(Ident);
+
+impl Value for Transaction {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let Decl { name, example } = option;
+        let param = input.call(Ident::parse_any).map_err(|_| {
+            input.error(format!(
+                "`{name}` names the parameter that carries the open transaction, \
+                 e.g. {name} = {example}"
+            ))
+        })?;
+        Ok(Transaction(param))
+    }
+}
+
+/// The checked options with defaults filled in.
+struct Config {
+    key: Template,
+    strategy: Strategy,
+    /// `None` for a lock, which stores no record.
+    ttl_ms: Option<u64>,
+    lease_ms: u64,
+    wait_ms: u64,
+    /// `None` for a lock.
+    on_duplicate: Option<OnDuplicate>,
+    cache_err: bool,
+    fingerprint: Vec<Ident>,
+    /// The parameter carrying the caller's open transaction (transactional mode).
+    transaction: Option<Ident>,
+    private: Private,
+}
+
+impl Config {
+    /// Parses the attribute's arguments, then checks the cross-option rules. Errors in
+    /// separate options are all reported; the configuration is still built when the
+    /// options that were understood allow it, so that the key can be checked against the
+    /// signature in the same build.
+    fn parse(args: TokenStream, errors: &mut Errors) -> Option<Config> {
+        let parsed =
+            parse_options::<Given>(args, errors, |name| unknown_option(name, Given::NAMES));
+        // A `key` that was written but did not parse has its own error already.
+        let key_failed = parsed.failed("key");
+        build(parsed.options, key_failed)
+            .map_err(|error| errors.push(error))
+            .ok()
+            .flatten()
+    }
+}
+
+/// The rules that involve several options, and the defaults. `Ok(None)`: the key failed
+/// to parse, and its error is reported already.
+fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
+    let mut errors = Errors::default();
+    let strategy = given.strategy.as_ref().map_or(Strategy::Dedup, |s| s.value);
+    if strategy == Strategy::Lock {
+        let mut not_for_lock = |span: Option<Span>, option: &str, why: &str| {
+            if let Some(span) = span {
+                errors.push(syn::Error::new(
+                    span,
+                    format!(
+                        "`{option}` does not apply to strategy = \"lock\": {why}; remove it, \
+                         or use strategy = \"dedup\" to run once and replay"
+                    ),
+                ));
+            }
+        };
+        let no_record = "a lock stores no result";
+        not_for_lock(given.ttl.as_ref().map(|a| a.name), "ttl", no_record);
+        not_for_lock(
+            given.on_duplicate.as_ref().map(|a| a.name),
+            "on_duplicate",
+            "a lock lets every call run, one at a time",
+        );
+        not_for_lock(
+            given.cache_err.as_ref().map(|a| a.name),
+            "cache_err",
+            no_record,
+        );
+        not_for_lock(
+            given.fingerprint.as_ref().map(|a| a.name),
+            "fingerprint",
+            no_record,
+        );
+    }
+    if let Some(arg) = &given.transaction {
+        if strategy != Strategy::Dedup {
+            errors.push(syn::Error::new(
+                arg.name,
+                "`transaction` applies to strategy = \"dedup\" only: the record is \
+                 written in the caller's transaction and commits with its writes",
+            ));
+        }
+        if let Some(cache) = given.cache_err.as_ref().filter(|a| a.value) {
+            errors.push(syn::Error::new(
+                cache.name,
+                "`cache_err` does not apply with `transaction`: an `Err` rolls the \
+                 body's writes back to before the call, so there is no result to keep; \
+                 remove it",
+            ));
+        }
+    }
+    if let (Strategy::Token, Some(key)) = (strategy, &given.key)
+        && !key.value.is_single_placeholder()
+    {
+        errors.push(syn::Error::new(
+            key.value.lit.span(),
+            "with strategy = \"token\" the key is the token itself, as returned by \
+             issue_token; name the argument that carries it and nothing else, \
+             e.g. key = \"{token}\"",
+        ));
+    }
+    let key = match given.key {
+        Some(key) => Some(key.value),
+        None if key_failed => None,
+        None => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "missing `key`: name what identifies one operation, \
+                 e.g. #[idempotent(key = \"charge:{order.id}\")]",
+            ));
+            None
+        }
+    };
+    errors.finish()?;
+    let Some(key) = key else { return Ok(None) };
+    let on_duplicate = given.on_duplicate.map(|a| a.value);
+    Ok(Some(Config {
+        key,
+        strategy,
+        ttl_ms: match strategy {
+            Strategy::Lock => None,
+            _ => Some(given.ttl.map_or(DEFAULT_TTL_MS, |a| a.value.0)),
+        },
+        lease_ms: given.lease.map_or(DEFAULT_LEASE_MS, |a| a.value.0),
+        wait_ms: given.wait.map_or(DEFAULT_WAIT_MS, |a| a.value.millis),
+        on_duplicate: match strategy {
+            Strategy::Lock => None,
+            Strategy::Dedup => Some(on_duplicate.unwrap_or(OnDuplicate::Replay)),
+            Strategy::Token => Some(on_duplicate.unwrap_or(OnDuplicate::Reject)),
+        },
+        cache_err: given.cache_err.is_some_and(|a| a.value),
+        fingerprint: given.fingerprint.map(|a| a.value.0).unwrap_or_default(),
+        transaction: given.transaction.map(|a| a.value.0),
+        // A wrong `crate` path is then reported at the literal.
+        private: Private::new(given.krate),
+    }))
+}
+
+/// Expands `#[idempotent(args)] item`. On any error the original item is emitted next to
+/// the errors, so an editor still sees the function.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    on_fn(
+        item,
+        "#[idempotent] goes on an `async fn` with a body returning `Result<T, E>`",
+        |func| expand_fn(args, func),
+        ToTokens::to_token_stream,
+    )
+}
+
+fn expand_fn(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
+    let mut errors = Errors::default();
+    let config = Config::parse(args, &mut errors);
+    let sig = &func.sig;
+    require_async(
+        sig,
+        ATTRIBUTE,
+        "the body runs as a future under the runtime's claim",
+        &mut errors,
+    );
+    let result = ResultType::of(
+        sig,
+        "#[idempotent] needs the return type written as `Result<T, E>` (or an alias of it \
+         whose name ends in `Result`), where `T` is the value a duplicate gets back and \
+         `E: From<idem_runtime::Error>` carries idem's own errors",
+    )
+    .map_err(|e| errors.push(e))
+    .ok();
+    if let Some(config) = &config {
+        let mut named: Vec<(&Ident, &str)> = Vec::new();
+        named.extend(config.transaction.iter().map(|tx| (tx, "`transaction`")));
+        named.extend(
+            config
+                .fingerprint
+                .iter()
+                .map(|entry| (entry, "the fingerprint")),
+        );
+        check_references(func, &config.key, &named, &mut errors);
+    }
+    errors.finish()?;
+    match (config, result) {
+        (Some(config), Some(result)) => Ok(rewrite(func, &config, &result)),
+        // Both were parsed or an error was returned above.
+        _ => Err(internal(ATTRIBUTE)),
+    }
+}
+
+/// Whether a type's tokens name a lifetime or a reference.
+fn borrows(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|t| match t {
+        proc_macro2::TokenTree::Punct(p) => p.as_char() == '\'' || p.as_char() == '&',
+        proc_macro2::TokenTree::Group(g) => borrows(g.stream()),
+        _ => false,
+    })
+}
+
+fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStream {
+    let ret_ty = result.whole;
+    // One `use` names the runtime's private module; every other path goes through it.
+    let import = config.private.import();
+    let private = Private::alias();
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+
+    // Locals get mixed-site hygiene: the user's body cannot see or shadow them.
+    let rt = Ident::new("__idem_rt", Span::mixed_site());
+    let key = Ident::new("__idem_key", Span::mixed_site());
+    let fp = Ident::new("__idem_fp", Span::mixed_site());
+    let builder = Ident::new("__idem_builder", Span::mixed_site());
+    let error = Ident::new("__idem_error", Span::mixed_site());
+    let ret = Ident::new("__idem_ret", Span::mixed_site());
+    let options = format_ident!("__IDEM_OPTIONS");
+
+    let name = format!("::{}", sig.ident.unraw());
+    let millis = |ms: u64| {
+        let ms = Literal::u64_unsuffixed(ms);
+        quote!(#private::Duration::from_millis(#ms))
+    };
+    let (constructor, codec) = match config.strategy {
+        Strategy::Dedup => ("dedup", true),
+        Strategy::Token => ("token", true),
+        Strategy::Lock => ("lock", false),
+    };
+    let constructor = Ident::new(constructor, Span::call_site());
+    let mut spec = quote!(#private::Options::#constructor(
+        ::core::concat!(::core::module_path!(), #name)
+    ));
+    if let Some(ttl) = config.ttl_ms {
+        let ttl = millis(ttl);
+        spec.extend(quote!(.ttl(#ttl)));
+    }
+    let (lease, wait) = (millis(config.lease_ms), millis(config.wait_ms));
+    spec.extend(quote!(.lease(#lease).wait(#wait)));
+    match config.on_duplicate {
+        Some(OnDuplicate::Replay) => {
+            spec.extend(quote!(.on_duplicate(#private::OnDuplicate::Replay)));
+        }
+        Some(OnDuplicate::Reject) => {
+            spec.extend(quote!(.on_duplicate(#private::OnDuplicate::Reject)));
+        }
+        None => {}
+    }
+
+    let writer = format_ident!("__idem_w");
+    let key_parts = config.key.render_parts(&writer, &private);
+
+    let fingerprint = if !codec {
+        // A lock has no record to compare a fingerprint with (`build` rejects one).
+        TokenStream::new()
+    } else if config.fingerprint.is_empty() {
+        quote!(let #fp = ::core::option::Option::None;)
+    } else {
+        let adds = config.fingerprint.iter().map(|arg| {
+            // Spanned at the entry, so a non-`Serialize` argument is reported there.
+            quote_spanned! {arg.span()=>
+                if let ::core::result::Result::Err(#error) = #builder.add(&#arg) {
+                    return ::core::result::Result::Err(::core::convert::From::from(#error));
+                }
+            }
+        });
+        quote! {
+            let #fp = {
+                let mut #builder = #private::FingerprintBuilder::new();
+                #(#adds)*
+                ::core::option::Option::Some(#builder.finish())
+            };
+        }
+    };
+
+    let replays = config.on_duplicate == Some(OnDuplicate::Replay);
+
+    let typed_body = typed_block(&ret, ret_ty, block);
+    let body = quote!(async move #typed_body);
+
+    // An unmet bound (`T` not serde where it is replayed, `E` without
+    // `From<idem_runtime::Error>`) is reported once, on the signature.
+    let at = signature_span(ret_ty);
+    let private_at = Private::alias_at(at);
+    let constructor_at = Ident::new(&constructor.to_string(), at);
+    // Replays by clone on an in-process store when the `Ok` type allows it; decided by
+    // method lookup on a probe (see `idem_runtime::CloneReplay`), so no bound is added
+    // to the function. A type with borrowed parts is left out: lookup ignores lifetimes,
+    // so the probe would pick the clone path and then fail the `'static` it needs.
+    let reuse = format_ident!("__idem_reuse");
+    let replay_now = match result.ok() {
+        Some(ok) if codec && replays && !borrows(ok.to_token_stream()) => {
+            let replay_now_at = Ident::new("replay_now", at);
+            let mut args = Group::new(Delimiter::Parenthesis, quote!(&#rt, &#key, #fp, #reuse));
+            args.set_span(at);
+            let early = quote_spanned!(at=> #private_at::#replay_now_at #args);
+            quote! {
+                let #reuse = {
+                    #[allow(unused_imports)]
+                    use #private::{ByClone as _, ByDecode as _};
+                    (&&#private::Probe::<#ok>::NEW).clone_replay()
+                };
+                if let ::core::option::Option::Some(#ret) = #early {
+                    return #ret;
+                }
+            }
+        }
+        _ if codec => quote!(let #reuse = ::core::option::Option::None;),
+        _ => TokenStream::new(),
+    };
+    let (generics, args) = if codec {
+        let codec = Ident::new(
+            match (replays, config.cache_err) {
+                (true, false) => "ReplayOk",
+                (true, true) => "ReplayResult",
+                (false, false) => "NoReplay",
+                (false, true) => "NoReplayResult",
+            },
+            at,
+        );
+        (
+            quote_spanned!(at=> <#private_at::#codec, _, _, _>),
+            quote!(#rt, &#options, #key, #fp, #reuse, #body),
+        )
+    } else {
+        (
+            quote_spanned!(at=> <_, _, _>),
+            quote!(#rt, &#options, #key, #body),
+        )
+    };
+    let mut args = Group::new(Delimiter::Parenthesis, args);
+    args.set_span(at);
+    let call = quote_spanned!(at=> #private_at::#constructor_at::#generics #args .await);
+
+    if let Some(tx) = &config.transaction {
+        // Transactional mode: claim in the caller's transaction, run the body inline (it
+        // borrows that transaction), then record the result in it. The body is an
+        // `async` block of its own so that a `return` in it still reaches `tx_end`.
+        let codec = Ident::new(if replays { "ReplayOk" } else { "NoReplay" }, at);
+        let begin_at = Ident::new("tx_begin", at);
+        let end_at = Ident::new("tx_end", at);
+        let conn = quote_spanned!(tx.span()=> &mut *#tx);
+        let claim = format_ident!("__idem_claim");
+        let error = format_ident!("__idem_error");
+        return quote! {
+            #(#attrs)*
+            #vis #sig {
+                #import
+                static #options: #private::Options = #spec;
+                let #rt = #private::current();
+                let #key = #rt.key_parts(&#options, |#writer| #key_parts);
+                #fingerprint
+                let #claim = match #private_at::#begin_at::<#private_at::#codec, _, _, _>(
+                    &#rt, &#options, #conn, #key, #fp,
+                ).await {
+                    ::core::result::Result::Ok(#private::TxBegun::Replayed(#ret)) => return #ret,
+                    ::core::result::Result::Ok(#private::TxBegun::Claimed(#claim)) => #claim,
+                    ::core::result::Result::Err(#error) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(#error));
+                    }
+                };
+                let #ret: #ret_ty = async #typed_body.await;
+                if let ::core::result::Result::Err(#error) =
+                    #private_at::#end_at::<#private_at::#codec, _, _, _>(#claim, #conn, &#ret).await
+                {
+                    return ::core::result::Result::Err(::core::convert::From::from(#error));
+                }
+                #ret
+            }
+        };
+    }
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #import
+            static #options: #private::Options = #spec;
+            let #rt = #private::current();
+            let #key = #rt.key_parts(&#options, |#writer| #key_parts);
+            #fingerprint
+            #replay_now
+            #call
+        }
+    }
+}
