@@ -44,6 +44,7 @@
 
 mod codec;
 mod error;
+mod inspect;
 mod key;
 pub mod observe;
 mod options;
@@ -57,6 +58,7 @@ pub mod testing;
 pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
+pub use inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
