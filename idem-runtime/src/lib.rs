@@ -24,8 +24,9 @@
 //!
 //! Called once or a thousand times, concurrently or as retries, from one process or
 //! many (with a shared store), the body runs once per key and every caller gets the
-//! same answer. See the README for the attribute's options, the strategies
-//! (`dedup`, `lock`, `token`) and the stores.
+//! same answer. [`idempotent`] lists the attribute's options; each strategy's module
+//! (`strategy::dedup`, `lock`, `token`, `optimistic`, `state_machine`, `bloom`) explains
+//! it in depth, with examples.
 //!
 //! # Pieces
 //!
