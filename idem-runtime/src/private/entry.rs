@@ -96,7 +96,7 @@ where
     lock::run(rt, opts, key, body)
 }
 
-/// `#[retry_on_conflict(...)]`'s policy; see [`attribute_policy`].
+/// `#[retry_on_conflict(...)]`'s policy (the optimistic strategy's `attribute_policy`).
 pub const fn retry_policy(
     attempts: Option<u32>,
     base: Option<Duration>,
