@@ -439,6 +439,19 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// A stored fingerprint that differs from the caller's is a payload mismatch. A record
+/// without one (written before fingerprints were added) is accepted.
+pub(crate) fn check_fingerprint(
+    key: &Key,
+    ours: Option<Fingerprint>,
+    theirs: Option<Fingerprint>,
+) -> Result<(), Error> {
+    match (ours, theirs) {
+        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
+        _ => Ok(()),
+    }
+}
+
 /// Builds a [`Fingerprint`] from serializable arguments, in order.
 ///
 /// Arguments are hashed through their JSON form, so structs hash by field values. A

@@ -394,7 +394,7 @@ pub(crate) mod private {
         let reuse = reuse?;
         let mut found: Option<Result<T, Error>> = None;
         rt.store().local()?.peek_memo(key, &mut |stored, memo| {
-            found = match crate::strategy::claim::check_fingerprint(key, fp, stored) {
+            found = match crate::key::check_fingerprint(key, fp, stored) {
                 Err(e) => Some(Err(e)),
                 Ok(()) => reuse.get(memo).map(Ok),
             };

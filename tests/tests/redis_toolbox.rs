@@ -8,7 +8,7 @@ mod harness;
 use std::sync::{Arc, OnceLock};
 
 use idem_runtime::store::redis::redis;
-use idem_runtime::store::{Settle, TransitionRequest};
+use idem_runtime::store::{Settle, StateStore, TransitionRequest};
 use idem_runtime::{BloomFilter, Error, Idem, Optimistic, Owner, RedisStore, StateMachine, Store};
 
 idem_runtime::toolbox_conformance_tests!(standalone, || async {

@@ -1,6 +1,6 @@
 //! Connection use, measured on raw `SET NX PX`: a deadpool checkout per command, one
 //! shared multiplexed connection, and `RedisStore`'s round-robin over N multiplexed
-//! connections. This is the evidence for the store's design (see its `conn.rs`).
+//! connections. This is the evidence for the store's design (see its `connect.rs`).
 
 use idem_runtime::RedisStore;
 use idem_runtime::store::redis::{deadpool_redis, redis};

@@ -1,6 +1,8 @@
 //! The embedded store: records in process memory.
 
 mod toolbox;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) use toolbox::Blooms;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -14,8 +16,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{
-    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner, Settle, Store,
-    Subscription, TransitionOutcome, TransitionRequest, VersionedBytes,
+    BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner,
+    StateStore, Store, Subscription, VersionedStore,
 };
 use crate::{Error, Fingerprint, Key};
 
@@ -56,7 +58,9 @@ pub struct MemoryStore {
     /// across keys), survives the release of the lock, and costs no memory per key.
     fence: AtomicU64,
     /// Versioned values, state records and Bloom bitmaps, in maps of their own.
-    toolbox: toolbox::Toolbox,
+    values: toolbox::Values,
+    states: toolbox::States,
+    blooms: toolbox::Blooms,
 }
 
 #[derive(Default)]
@@ -117,7 +121,9 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             fence: AtomicU64::new(0),
-            toolbox: toolbox::Toolbox::new(),
+            values: toolbox::Values::default(),
+            states: toolbox::States::default(),
+            blooms: toolbox::Blooms::default(),
         }
     }
 
@@ -476,65 +482,16 @@ impl Store for MemoryStore {
         ready(self.subscribe_now(key))
     }
 
-    fn load_versioned<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
-        ready(self.toolbox.load_versioned(key))
+    fn versioned(&self) -> Option<&dyn VersionedStore> {
+        Some(&self.values)
     }
 
-    fn compare_and_set<'a>(
-        &'a self,
-        key: &'a Key,
-        expected: u64,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
-        ready(self.toolbox.compare_and_set(key, expected, value, ttl))
+    fn states(&self) -> Option<&dyn StateStore> {
+        Some(&self.states)
     }
 
-    fn transition<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a TransitionRequest<'a>,
-    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
-        ready(self.toolbox.transition(key, req))
-    }
-
-    fn settle_transition<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        action: Settle,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.toolbox.settle_transition(key, owner, action))
-    }
-
-    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
-        ready(self.toolbox.load_state(key))
-    }
-
-    fn bloom_insert<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(
-            self.toolbox.bloom_insert(filter, indexes, size_bits, ttl),
-        ))
-    }
-
-    fn bloom_contains<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(
-            self.toolbox.bloom_contains(filter, indexes, size_bits),
-        ))
+    fn blooms(&self) -> Option<&dyn BloomStore> {
+        Some(&self.blooms)
     }
 
     fn name(&self) -> &'static str {

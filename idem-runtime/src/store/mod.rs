@@ -9,22 +9,36 @@
 //! Strategies (dedup, lock, token) are written once on top of these primitives, so a
 //! third-party backend gets all of them by implementing this trait and passing the
 //! conformance suite in `idem_runtime::testing`.
+//!
+//! Beyond the claim records, a store may offer capabilities, each a trait of its own
+//! reached through an accessor of [`Store`] that answers `None` by default:
+//!
+//! - [`Store::local`] → [`LocalStore`]: the in-process fast path;
+//! - [`Store::versioned`] → [`VersionedStore`]: versioned values (optimistic concurrency);
+//! - [`Store::states`] → [`StateStore`]: state records (state machines);
+//! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps.
+//!
+//! A strategy that needs a capability the store lacks answers [`Error::Unsupported`].
 
 use std::any::Any;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::{Error, Fingerprint, Key};
+use crate::{Error, Key};
 
+mod claim;
+mod local;
 pub mod memory;
 mod toolbox;
-pub use toolbox::{Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
+pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
+pub use local::{LocalStore, Memo};
+pub use toolbox::{
+    BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
+    VersionedStore,
+};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,
@@ -37,219 +51,8 @@ pub use url::connect;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-/// A decoded value kept beside a completed record by a [`LocalStore`], so that a replay
-/// can hand out a clone of it instead of decoding the stored bytes again.
-pub type Memo = std::sync::Arc<dyn Any + Send + Sync>;
-
-/// The fast path of a store whose records live in this process (see [`Store::local`]):
-/// answered at once, without a future, and able to keep a decoded value beside a
-/// completed record.
-///
-/// Everything here is an optimisation. The strategies fall back to the [`Store`] methods
-/// for anything a local store does not answer, and a store that does not implement this
-/// trait loses nothing but speed.
-pub trait LocalStore: Send + Sync {
-    /// The same atomic step as [`Store::claim`], answered synchronously. A completed
-    /// record comes with the memo kept for it by [`memoize`](Self::memoize), if any.
-    fn claim_now(
-        &self,
-        key: &Key,
-        req: &ClaimRequest,
-    ) -> Result<(ClaimOutcome, Option<Memo>), Error>;
-
-    /// Keeps `memo` beside the completed record under `key`, if that record still holds
-    /// exactly `value` (the bytes `claim_now` returned; `memo` was decoded from them).
-    /// A record that has changed since is left alone.
-    fn memoize(&self, key: &Key, value: &Bytes, memo: Memo);
-
-    /// Calls `read` with the fingerprint and memo of the completed record under `key`
-    /// if it is live and has a memo, and returns whether it did; changes nothing. Lets a
-    /// replay skip building a claim at all. `read` runs while the record cannot change
-    /// (it only clones the value), so the memo's reference count is never touched: on a
-    /// hot key that shared counter would cost as much as the lookup.
-    fn peek_memo(
-        &self,
-        key: &Key,
-        read: &mut dyn FnMut(Option<Fingerprint>, &(dyn Any + Send + Sync)),
-    ) -> bool;
-}
-
 /// A boxed, sendable future, as returned by [`Store`] methods (keeps the trait object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Who holds a claim: unique per call, across processes.
-///
-/// The high 64 bits are random per process (from the OS RNG), the low 64 bits count calls,
-/// so a fresh owner costs one atomic increment and no system call.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Owner(pub u128);
-
-impl Owner {
-    /// A new owner id, never returned before by this process.
-    pub fn next() -> Owner {
-        /// Ids are handed to each thread in blocks, so concurrent callers on different
-        /// cores do not contend on one counter.
-        const BLOCK: u64 = 1024;
-        static PROCESS: OnceLock<u64> = OnceLock::new();
-        static COUNTER: AtomicU64 = AtomicU64::new(1);
-        thread_local! {
-            static RANGE: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-        }
-        let process = *PROCESS.get_or_init(|| {
-            let mut b = [0u8; 8];
-            // Without an OS RNG, fall back to time and pid: unique enough for owners
-            // (they are not secrets, only distinct).
-            if getrandom::fill(&mut b).is_err() {
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0);
-                b = (t ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
-            }
-            u64::from_le_bytes(b)
-        });
-        let n = RANGE.with(|r| {
-            let (mut next, mut end) = r.get();
-            if next == end {
-                next = COUNTER.fetch_add(BLOCK, Ordering::Relaxed);
-                end = next + BLOCK;
-            }
-            r.set((next + 1, end));
-            next
-        });
-        Owner((u128::from(process) << 64) | u128::from(n))
-    }
-}
-
-impl fmt::Debug for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Owner({:032x})", self.0)
-    }
-}
-
-/// What a claim is for; decides which states it may take over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ClaimKind {
-    /// Absent (or an in-progress record whose lease ended) becomes `InProgress`.
-    /// A completed record is returned as [`ClaimOutcome::Completed`].
-    Dedup,
-    /// Like `Dedup`, but never completes: acquiring also bumps the key's fencing counter
-    /// and returns it in [`ClaimOutcome::Claimed`].
-    Lock,
-    /// Only an `Issued` token (or a token claim whose lease ended) can be claimed; an absent
-    /// record is [`ClaimOutcome::Missing`]. Releasing returns the token to `Issued`.
-    Token,
-}
-
-/// A request to claim a key.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ClaimRequest {
-    /// What the claim is for.
-    pub kind: ClaimKind,
-    /// Who claims.
-    pub owner: Owner,
-    /// How long the claim lasts unless renewed.
-    pub lease: Duration,
-    /// Stored with a new claim and returned with existing records, so the caller can
-    /// detect a payload mismatch.
-    pub fingerprint: Option<Fingerprint>,
-}
-
-impl ClaimRequest {
-    /// A request of `kind` by `owner` for `lease`.
-    pub fn new(kind: ClaimKind, owner: Owner, lease: Duration) -> Self {
-        ClaimRequest {
-            kind,
-            owner,
-            lease,
-            fingerprint: None,
-        }
-    }
-
-    /// With a payload fingerprint.
-    pub fn with_fingerprint(mut self, fingerprint: Option<Fingerprint>) -> Self {
-        self.fingerprint = fingerprint;
-        self
-    }
-}
-
-/// The answer to a claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ClaimOutcome {
-    /// The caller now holds the key. `fence` is the key's new fencing token for
-    /// [`ClaimKind::Lock`] (strictly greater than every earlier one), 0 otherwise.
-    Claimed {
-        /// The fencing token.
-        fence: u64,
-    },
-    /// Another owner holds the key; its lease ends in `retry_in` unless renewed.
-    Busy {
-        /// Time left on the holder's lease, by the store's clock.
-        retry_in: Duration,
-        /// The fingerprint the holder claimed with.
-        fingerprint: Option<Fingerprint>,
-    },
-    /// The key completed; `value` is what `complete` stored.
-    Completed {
-        /// The stored bytes, exactly as given to [`Store::complete`].
-        value: Bytes,
-        /// The fingerprint of the call that completed it.
-        fingerprint: Option<Fingerprint>,
-    },
-    /// [`ClaimKind::Token`] only: there is no such token (never issued, or expired).
-    Missing,
-}
-
-/// A one-shot notification that a record may have changed.
-///
-/// Returned by [`Store::subscribe`]; resolves at the first change of the record after the
-/// subscription was made (a completion, a release). Spurious wake-ups are allowed: the
-/// caller always claims again. A subscription that never fires is allowed too
-/// ([`Subscription::never`]): callers then poll on the lease's remaining time.
-pub struct Subscription(Option<BoxFuture<'static, ()>>);
-
-impl Subscription {
-    /// A subscription that resolves when `fut` does.
-    pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
-        Subscription(Some(Box::pin(fut)))
-    }
-
-    /// A subscription that never fires, for stores without change notifications.
-    pub fn never() -> Self {
-        Subscription(None)
-    }
-
-    /// A subscription that has already fired (the record changed while subscribing).
-    pub fn ready() -> Self {
-        Subscription::new(std::future::ready(()))
-    }
-
-    /// Whether this subscription can ever fire.
-    pub fn is_never(&self) -> bool {
-        self.0.is_none()
-    }
-
-    /// Waits for the change.
-    pub async fn changed(self) {
-        match self.0 {
-            Some(f) => f.await,
-            None => std::future::pending().await,
-        }
-    }
-}
-
-impl fmt::Debug for Subscription {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Subscription"
-        } else {
-            "Subscription(never)"
-        })
-    }
-}
 
 /// A backend that keeps idem's records.
 ///
@@ -306,107 +109,23 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Subscription::never())))
     }
 
-    // The toolbox primitives (optimistic versions, state-machine guards, Bloom bitmaps).
-    // Each has a default that answers `Error::Unsupported`, so a backend written before
-    // them keeps compiling and passes the main conformance suite; a backend that
-    // implements them runs `toolbox_conformance_tests!` too.
-
-    /// Reads the versioned value under `key` and its version, or `None` if there is none.
-    /// One atomic read.
-    fn load_versioned<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
-        let _ = key;
-        unsupported("versioned values (load_versioned)")
+    /// Versioned values with compare-and-set (optimistic concurrency), if this store
+    /// keeps them. Default: `None`, and the optimistic strategy answers
+    /// [`Error::Unsupported`].
+    fn versioned(&self) -> Option<&dyn VersionedStore> {
+        None
     }
 
-    /// Writes `value` under `key` if its current version is `expected` (0: no value
-    /// yet), as one atomic step, and returns the new version (`expected + 1`). If the
-    /// version differs, changes nothing and returns `None` (a lost race: a conflict).
-    ///
-    /// `ttl`: the value disappears `ttl` after this write; `None` keeps it without expiry.
-    /// After it expires the key is absent again and versions restart at 1, so a ttl must
-    /// outlast any read-modify-write cycle that may still hold an old version.
-    fn compare_and_set<'a>(
-        &'a self,
-        key: &'a Key,
-        expected: u64,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
-        let _ = (key, expected, value, ttl);
-        unsupported("versioned values (compare_and_set)")
+    /// State records with guarded moves (state machines), if this store keeps them.
+    /// Default: `None`, and state machines answer [`Error::Unsupported`].
+    fn states(&self) -> Option<&dyn StateStore> {
+        None
     }
 
-    /// Moves the state record under `key` to `req.to`, as one atomic step:
-    ///
-    /// - already in `req.to` → [`TransitionOutcome::Already`], nothing written;
-    /// - another owner holds a move whose lease has not ended → [`TransitionOutcome::Pending`];
-    /// - current state allowed by `req` → moved ([`TransitionOutcome::Moved`]) or, with
-    ///   `req.hold`, held for that owner ([`TransitionOutcome::Held`]);
-    /// - otherwise [`TransitionOutcome::Refused`] with the current state.
-    ///
-    /// A hold whose lease ended is ignored (and may be replaced) by every request.
-    fn transition<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a TransitionRequest<'a>,
-    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
-        let _ = (key, req);
-        unsupported("state machines (transition)")
-    }
-
-    /// Commits, aborts or renews the move on `key` held by `owner`, as one atomic step.
-    /// Returns `false` (and changes nothing) if `owner` no longer holds it: another
-    /// owner replaced the hold after its lease ended, or the record expired. A hold whose
-    /// lease ended but that nobody replaced is still the owner's and may be settled.
-    fn settle_transition<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        action: Settle,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (key, owner, action);
-        unsupported("state machines (settle_transition)")
-    }
-
-    /// The current state under `key` (`None`: no record). One atomic read; a held move
-    /// is not reported (the state is the one before it).
-    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
-        let _ = key;
-        unsupported("state machines (load_state)")
-    }
-
-    /// Sets the bits at `indexes` in the Bloom bitmap `filter` of `size_bits` bits, as one
-    /// atomic step, and returns whether they were **all** set already (the id may have
-    /// been inserted before). `false` proves that no earlier insert of the same indexes
-    /// happened, and of concurrent inserts of the same indexes exactly one gets `false`.
-    ///
-    /// A missing bitmap is created empty, to expire `ttl` after its creation (`None`:
-    /// never); later inserts do not push that expiry back, so the filter is renewed as a
-    /// whole rather than kept alive forever by traffic. Every index is `< size_bits`.
-    fn bloom_insert<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (filter, indexes, size_bits, ttl);
-        unsupported("Bloom filters (bloom_insert)")
-    }
-
-    /// Whether the bits at `indexes` are all set in the Bloom bitmap `filter` (a missing
-    /// bitmap has none set). One atomic read.
-    fn bloom_contains<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (filter, indexes, size_bits);
-        unsupported("Bloom filters (bloom_contains)")
+    /// Bloom bitmaps, if this store keeps them. Default: `None`, and Bloom filters
+    /// answer [`Error::Unsupported`].
+    fn blooms(&self) -> Option<&dyn BloomStore> {
+        None
     }
 
     /// A short name for logs ("memory", "redis", ...).
@@ -432,6 +151,7 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// Forwards every method and every capability accessor: a shared store is the same store.
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn claim<'a>(
         &'a self,
@@ -466,55 +186,14 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         (**self).subscribe(key)
     }
-    fn load_versioned<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
-        (**self).load_versioned(key)
+    fn versioned(&self) -> Option<&dyn VersionedStore> {
+        (**self).versioned()
     }
-    fn compare_and_set<'a>(
-        &'a self,
-        key: &'a Key,
-        expected: u64,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
-        (**self).compare_and_set(key, expected, value, ttl)
+    fn states(&self) -> Option<&dyn StateStore> {
+        (**self).states()
     }
-    fn transition<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a TransitionRequest<'a>,
-    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
-        (**self).transition(key, req)
-    }
-    fn settle_transition<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        action: Settle,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).settle_transition(key, owner, action)
-    }
-    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
-        (**self).load_state(key)
-    }
-    fn bloom_insert<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).bloom_insert(filter, indexes, size_bits, ttl)
-    }
-    fn bloom_contains<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        (**self).bloom_contains(filter, indexes, size_bits)
+    fn blooms(&self) -> Option<&dyn BloomStore> {
+        (**self).blooms()
     }
     fn name(&self) -> &'static str {
         (**self).name()
@@ -527,7 +206,26 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
 }
 
-/// The default body of the toolbox primitives.
-fn unsupported<'a, T: Send + 'a>(what: &'static str) -> BoxFuture<'a, Result<T, Error>> {
-    Box::pin(std::future::ready(Err(Error::Unsupported(what))))
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Store;
+    use super::memory::MemoryStore;
+
+    /// The forwarding impl must not drop a capability: an `Arc` of a store offers
+    /// exactly what the store does.
+    #[test]
+    fn arc_forwards_every_capability() {
+        let store = MemoryStore::new();
+        let shared: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let twice = Arc::new(shared.clone());
+        for s in [&store as &dyn Store, &shared, &twice] {
+            assert!(s.local().is_some());
+            assert!(s.versioned().is_some());
+            assert!(s.states().is_some());
+            assert!(s.blooms().is_some());
+            assert_eq!(s.name(), "memory");
+        }
+    }
 }

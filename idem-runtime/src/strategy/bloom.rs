@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::dedup;
 use crate::codec::ReplayOk;
-use crate::store::{ClaimKind, Store};
+use crate::store::{BloomStore, ClaimKind, Store};
 use crate::{Error, Idem, Key, Options};
 
 /// Largest bitmap: 2^32 bits (512 MiB), Redis' string limit, so a filter fits every store.
@@ -232,8 +232,7 @@ impl BloomFilter {
     ) -> impl Future<Output = Result<bool, Error>> + Send + '_ {
         let idx = self.indexes(id);
         async move {
-            let maybe = self
-                .store
+            let maybe = blooms(&*self.store)?
                 .bloom_insert(&self.key, &idx, self.size_bits, self.ttl)
                 .await?;
             let counter = if maybe {
@@ -253,11 +252,16 @@ impl BloomFilter {
     ) -> impl Future<Output = Result<bool, Error>> + Send + '_ {
         let idx = self.indexes(id);
         async move {
-            self.store
+            blooms(&*self.store)?
                 .bloom_contains(&self.key, &idx, self.size_bits)
                 .await
         }
     }
+}
+
+/// The store's Bloom bitmaps, or [`Error::Unsupported`] for a store without them.
+fn blooms(store: &dyn Store) -> Result<&dyn BloomStore, Error> {
+    store.blooms().ok_or(Error::Unsupported("Bloom filters"))
 }
 
 /// What the filter said about an id in [`Idem::dedup_filtered`].

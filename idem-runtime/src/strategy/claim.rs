@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
+use crate::key::check_fingerprint;
 use crate::observe::{self, Op};
 use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Memo, Owner, Store, Subscription};
 use crate::{Error, Fingerprint, Key};
@@ -156,19 +157,6 @@ async fn wait_loop(
                 } => (retry_in, fingerprint),
                 other => return Ok(Some(other)),
             };
-    }
-}
-
-/// A stored fingerprint that differs from the caller's is a payload mismatch. A record
-/// without one (written before fingerprints were added) is accepted.
-pub(crate) fn check_fingerprint(
-    key: &Key,
-    ours: Option<Fingerprint>,
-    theirs: Option<Fingerprint>,
-) -> Result<(), Error> {
-    match (ours, theirs) {
-        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
-        _ => Ok(()),
     }
 }
 

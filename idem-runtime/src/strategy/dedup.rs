@@ -7,10 +7,9 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{
-    ClaimGuard, check_fingerprint, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat,
-};
+use super::claim::{ClaimGuard, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat};
 use crate::codec::{CloneReplay, Codec, NoReplay};
+use crate::key::check_fingerprint;
 use crate::observe::{self, Op, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};

@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::codec::{Codec, ReplayOk};
+use crate::store::{Store, VersionedStore};
 use crate::{Error, Idem, Key, Options};
 
 /// How [`retry_on_conflict`] retries: at most `attempts` runs in all, sleeping between
@@ -295,7 +296,7 @@ impl Idem {
         key: impl fmt::Display,
     ) -> Result<Option<Versioned<T>>, Error> {
         let key = self.versioned_key(family, key);
-        let Some(stored) = self.store().load_versioned(&key).await? else {
+        let Some(stored) = versioned(&**self.store())?.load_versioned(&key).await? else {
             return Ok(None);
         };
         let value = <ReplayOk as Codec<T, ()>>::decode(&key, &stored.value)?.map_err(|()| {
@@ -345,8 +346,7 @@ impl Idem {
         expected: u64,
         bytes: bytes::Bytes,
     ) -> Result<u64, Error> {
-        match self
-            .store()
+        match versioned(&**self.store())?
             .compare_and_set(&key, expected, bytes, family.ttl)
             .await?
         {
@@ -458,6 +458,13 @@ impl Idem {
 
 /// The stored envelope of `value` (the same checksummed layout as dedup records), and
 /// the value back.
+/// The store's versioned values, or [`Error::Unsupported`] for a store without them.
+fn versioned(store: &dyn Store) -> Result<&dyn VersionedStore, Error> {
+    store
+        .versioned()
+        .ok_or(Error::Unsupported("versioned values"))
+}
+
 fn encode<T: Serialize + DeserializeOwned>(
     key: &Key,
     value: T,

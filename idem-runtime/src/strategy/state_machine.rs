@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use crate::runtime::Current;
-use crate::store::{BoxFuture, Owner, Settle, Store, TransitionOutcome, TransitionRequest};
+use crate::store::{
+    BoxFuture, Owner, Settle, StateStore, Store, TransitionOutcome, TransitionRequest,
+};
 use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
 
 const POLL_MIN: Duration = Duration::from_millis(2);
@@ -319,7 +321,7 @@ impl Idem {
         key: impl fmt::Display,
     ) -> Result<Option<String>, Error> {
         let key = self.state_key(machine, key);
-        self.store().load_state(&key).await
+        states(&**self.store())?.load_state(&key).await
     }
 
     /// Moves `key` to `to` in one atomic store step:
@@ -359,7 +361,7 @@ impl Idem {
         let key = self.state_key(machine, key);
         async move {
             let req = machine.request(to)?;
-            match drive(&**self.store(), machine, &key, &req).await? {
+            match drive(states(&**self.store())?, machine, &key, &req).await? {
                 TransitionOutcome::Moved { from } => Ok(Step::Performed { from, value: () }),
                 TransitionOutcome::Already => Ok(Step::AlreadyThere),
                 other => Err(unexpected(&key, &other)),
@@ -457,9 +459,10 @@ where
     F: Future<Output = Result<T, E>>,
 {
     let store = idem.store();
+    let moves = states(&**store)?;
     let owner = Owner::next();
     let req = machine.request(to)?.hold(owner, machine.lease);
-    let from = match drive(&**store, machine, &key, &req).await? {
+    let from = match drive(moves, machine, &key, &req).await? {
         TransitionOutcome::Held { from } => from,
         TransitionOutcome::Already => return Ok(Step::AlreadyThere),
         other => return Err(unexpected(&key, &other).into()),
@@ -470,12 +473,12 @@ where
         owner,
         armed: true,
     };
-    let (result, lost) = with_renewal(&**store, &key, owner, machine.lease, body).await;
+    let (result, lost) = with_renewal(moves, &key, owner, machine.lease, body).await;
     let action = match result {
         Ok(_) => Settle::Commit { ttl: machine.ttl },
         Err(_) => Settle::Abort,
     };
-    let settled = store.settle_transition(&key, owner, action).await;
+    let settled = moves.settle_transition(&key, owner, action).await;
     guard.armed = false;
     match settled {
         Ok(true) => {}
@@ -492,7 +495,7 @@ where
 
 /// Asks for the move until it is decided, waiting while another owner's hold is live.
 async fn drive(
-    store: &dyn Store,
+    store: &dyn StateStore,
     machine: &StateMachine,
     key: &Key,
     req: &TransitionRequest<'_>,
@@ -523,6 +526,11 @@ async fn drive(
     }
 }
 
+/// The store's state records, or [`Error::Unsupported`] for a store without them.
+fn states(store: &dyn Store) -> Result<&dyn StateStore, Error> {
+    store.states().ok_or(Error::Unsupported("state machines"))
+}
+
 fn unexpected(key: &Key, outcome: &TransitionOutcome) -> Error {
     Error::store(format!(
         "the store answered {outcome:?} to a move on {key} it could not give"
@@ -545,7 +553,12 @@ impl Drop for HoldGuard {
         }
         let (store, key, owner) = (self.store.clone(), self.key, self.owner);
         let mut abort: BoxFuture<'static, ()> = Box::pin(async move {
-            if let Err(e) = store.settle_transition(&key, owner, Settle::Abort).await {
+            let abort = async {
+                states(&*store)?
+                    .settle_transition(&key, owner, Settle::Abort)
+                    .await
+            };
+            if let Err(e) = abort.await {
                 tracing::warn!(%key, error = %e, "dropping a cancelled move failed; it ends with its lease");
             }
         });
@@ -571,7 +584,7 @@ impl Drop for HoldGuard {
 /// Runs `body`, renewing the hold every third of the lease; returns the body's output and
 /// whether the hold was lost meanwhile.
 async fn with_renewal<F: Future>(
-    store: &dyn Store,
+    store: &dyn StateStore,
     key: &Key,
     owner: Owner,
     lease: Duration,

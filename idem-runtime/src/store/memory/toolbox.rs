@@ -13,8 +13,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::DigestHasher;
-use crate::store::{Owner, Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
+use super::{DigestHasher, ready};
+use crate::store::{
+    BloomStore, BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest,
+    VersionedBytes, VersionedStore,
+};
 use crate::{Error, Key};
 
 const SHARDS: usize = 16;
@@ -23,11 +26,16 @@ const MIN_SWEEP: usize = 256;
 /// filter sized for one store fits every store.
 pub(crate) const MAX_BLOOM_BITS: u64 = 1 << 32;
 
-pub(super) struct Toolbox {
-    values: Box<[Mutex<TimedMap<ValueEntry>>]>,
-    states: Box<[Mutex<TimedMap<StateEntry>>]>,
-    filters: Mutex<Filters>,
-}
+/// Versioned values, sharded like the claim records.
+pub(super) struct Values(Box<[Mutex<TimedMap<ValueEntry>>]>);
+
+/// State records, sharded like the claim records.
+pub(super) struct States(Box<[Mutex<TimedMap<StateEntry>>]>);
+
+/// Bloom bitmaps: few and large, so one map of individually locked bitmaps. Also the
+/// Bloom capability of a `SqlStore`, which has no SQL form for them.
+#[derive(Default)]
+pub(crate) struct Blooms(Mutex<Filters>);
 
 type Filters = HashMap<[u8; 16], Arc<Mutex<Bitmap>>, BuildHasherDefault<DigestHasher>>;
 
@@ -103,31 +111,29 @@ fn shard<'s, V>(shards: &'s [Mutex<TimedMap<V>>], key: &Key) -> MutexGuard<'s, T
     lock(&shards[usize::from(key.digest()[14]) % SHARDS])
 }
 
-impl Toolbox {
-    pub(super) fn new() -> Self {
-        Toolbox {
-            values: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            states: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            filters: Mutex::default(),
-        }
+impl Default for Values {
+    fn default() -> Self {
+        Values((0..SHARDS).map(|_| Mutex::default()).collect())
     }
+}
 
-    pub(super) fn load_versioned(&self, key: &Key) -> Option<VersionedBytes> {
+impl Default for States {
+    fn default() -> Self {
+        States((0..SHARDS).map(|_| Mutex::default()).collect())
+    }
+}
+
+impl Values {
+    fn load(&self, key: &Key) -> Option<VersionedBytes> {
         let now = Instant::now();
-        let mut s = shard(&self.values, key);
+        let mut s = shard(&self.0, key);
         s.live(key, now)
             .map(|(e, _)| VersionedBytes::new(e.value.clone(), e.version))
     }
 
-    pub(super) fn compare_and_set(
-        &self,
-        key: &Key,
-        expected: u64,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> Option<u64> {
+    fn set(&self, key: &Key, expected: u64, value: Bytes, ttl: Option<Duration>) -> Option<u64> {
         let now = Instant::now();
-        let mut s = shard(&self.values, key);
+        let mut s = shard(&self.0, key);
         let current = s.live(key, now).map_or(0, |(e, _)| e.version);
         if current != expected {
             return None;
@@ -141,10 +147,12 @@ impl Toolbox {
         );
         Some(version)
     }
+}
 
-    pub(super) fn transition(&self, key: &Key, req: &TransitionRequest<'_>) -> TransitionOutcome {
+impl States {
+    fn move_to(&self, key: &Key, req: &TransitionRequest<'_>) -> TransitionOutcome {
         let now = Instant::now();
-        let mut s = shard(&self.states, key);
+        let mut s = shard(&self.0, key);
         let (current, pending) = match s.live(key, now) {
             Some((e, _)) => (e.state.clone(), e.pending.as_ref()),
             None => (None, None),
@@ -196,9 +204,9 @@ impl Toolbox {
         }
     }
 
-    pub(super) fn settle_transition(&self, key: &Key, owner: Owner, action: Settle) -> bool {
+    fn settle(&self, key: &Key, owner: Owner, action: Settle) -> bool {
         let now = Instant::now();
-        let mut s = shard(&self.states, key);
+        let mut s = shard(&self.0, key);
         let Some((e, exp)) = s.live(key, now) else {
             return false;
         };
@@ -230,12 +238,14 @@ impl Toolbox {
         true
     }
 
-    pub(super) fn load_state(&self, key: &Key) -> Option<String> {
+    fn load(&self, key: &Key) -> Option<String> {
         let now = Instant::now();
-        let mut s = shard(&self.states, key);
+        let mut s = shard(&self.0, key);
         s.live(key, now).and_then(|(e, _)| e.state.clone())
     }
+}
 
+impl Blooms {
     fn check_bits(indexes: &[u64], size_bits: u64) -> Result<(), Error> {
         if size_bits == 0 || size_bits > MAX_BLOOM_BITS {
             return Err(Error::Config(format!(
@@ -258,7 +268,7 @@ impl Toolbox {
         create: Option<Option<Duration>>,
     ) -> Option<Arc<Mutex<Bitmap>>> {
         let now = Instant::now();
-        let mut filters = lock(&self.filters);
+        let mut filters = lock(&self.0);
         let d = filter.digest();
         // Lock order is always the map, then one bitmap.
         let expired = |b: &Arc<Mutex<Bitmap>>| lock(b).expires_at.is_some_and(|e| e <= now);
@@ -291,7 +301,7 @@ impl Toolbox {
         )))
     }
 
-    pub(super) fn bloom_insert(
+    fn insert(
         &self,
         filter: &Key,
         indexes: &[u64],
@@ -312,12 +322,7 @@ impl Toolbox {
         Ok(all_set)
     }
 
-    pub(super) fn bloom_contains(
-        &self,
-        filter: &Key,
-        indexes: &[u64],
-        size_bits: u64,
-    ) -> Result<bool, Error> {
+    fn contains(&self, filter: &Key, indexes: &[u64], size_bits: u64) -> Result<bool, Error> {
         Self::check_bits(indexes, size_bits)?;
         let Some(bitmap) = self.bitmap(filter, size_bits, None) else {
             return Ok(false);
@@ -327,5 +332,72 @@ impl Toolbox {
         Ok(indexes
             .iter()
             .all(|&i| b.words[(i / 64) as usize] & (1u64 << (i % 64)) != 0))
+    }
+}
+
+impl VersionedStore for Values {
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        ready(self.load(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        ready(self.set(key, expected, value, ttl))
+    }
+}
+
+impl StateStore for States {
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        ready(self.move_to(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        ready(self.settle(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        ready(self.load(key))
+    }
+}
+
+impl BloomStore for Blooms {
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(std::future::ready(
+            self.insert(filter, indexes, size_bits, ttl),
+        ))
+    }
+
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(std::future::ready(
+            self.contains(filter, indexes, size_bits),
+        ))
     }
 }

@@ -22,8 +22,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, Script, Value};
 
-use super::{RedisStore, ceil_millis, corrupt, evalsha, owner_hex};
-use crate::store::{Owner, Settle, TransitionOutcome, TransitionRequest, VersionedBytes};
+use super::RedisStore;
+use super::record::{ceil_millis, evalsha, owner_hex};
+use super::reply::{corrupt, corrupt_from};
+use crate::store::{
+    BloomStore, BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest,
+    VersionedBytes, VersionedStore,
+};
 use crate::{Error, Key};
 
 static VERSIONED_LOAD: LazyLock<Script> =
@@ -289,7 +294,7 @@ impl RedisStore {
             match self.eval(&BLOOM_INSERT, cmd).await? {
                 Value::Int(-1) => self.bloom_create(filter, size_bits, ttl).await?,
                 Value::Int(n) => return Ok(n == 1),
-                Value::Array(items) => return Err(super::corrupt_from(filter, &items)),
+                Value::Array(items) => return Err(corrupt_from(filter, &items)),
                 other => return Err(corrupt(filter, format!("unexpected reply {other:?}"))),
             }
         }
@@ -317,6 +322,69 @@ fn check_bits(indexes: &[u64], size_bits: u64) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+impl VersionedStore for RedisStore {
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        Box::pin(self.tb_load_versioned(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        Box::pin(self.tb_compare_and_set(key, expected, value, ttl))
+    }
+}
+
+impl StateStore for RedisStore {
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        Box::pin(self.tb_transition(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_settle_transition(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(self.tb_load_state(key))
+    }
+}
+
+impl BloomStore for RedisStore {
+    fn bloom_insert<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_insert(filter, indexes, size_bits, ttl))
+    }
+
+    fn bloom_contains<'a>(
+        &'a self,
+        filter: &'a Key,
+        indexes: &'a [u64],
+        size_bits: u64,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_bloom_contains(filter, indexes, size_bits))
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! One table, `idem_records`, created by a versioned migration (tracked in its own
 //! `_idem_migrations` table, so it never mixes with the application's own sqlx
-//! migrations). One row per key, addressed by the key's 128-bit digest. Every [`Store`]
+//! migrations). One row per key, addressed by the key's 128-bit digest. Every [`Store`](crate::Store)
 //! method is one conditional statement on the primary key, and every expiry is decided
 //! by the database's clock:
 //!
@@ -43,214 +43,50 @@
 //! - Connections: [`SqlStore::connect`] makes a pool of 16 (SQLite: 8) and bounds every
 //!   call by [`DEFAULT_TIMEOUT`] ([`SqlStore::with_timeout`]).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use tokio::sync::watch;
-
-use super::{
-    BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, Settle, Store, Subscription,
-    TransitionOutcome, TransitionRequest, VersionedBytes,
-};
-use crate::{Error, Fingerprint, Key};
+use super::BoxFuture;
+use super::memory::Blooms;
+use crate::Error;
 
 #[cfg(feature = "postgres")]
 mod batch;
-mod in_tx;
+mod caller_tx;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod own_tx;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod purge;
+mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod store_impl;
 mod toolbox;
-mod tx;
 
-pub use in_tx::TxConn;
+// The record's vocabulary, for the backends (`super::…`).
+use self::record::{
+    FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, decide, is_lock_wait,
+    kind_code, owner_bytes, sql_err, us,
+};
+#[cfg(feature = "postgres")]
+use self::store_impl::PgBatches;
+use self::store_impl::Watchers;
+
+pub use caller_tx::TxConn;
 #[doc(hidden)]
-pub use in_tx::{TxBegun, TxClaim, tx_begin, tx_end};
-pub use tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
+pub use caller_tx::{TxBegun, TxClaim, tx_begin, tx_end};
+pub use own_tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
+pub use purge::PurgeTask;
 
 /// The client crate, re-exported so that pools built by the application and the ones
 /// idem takes are always of the same sqlx version.
 pub use sqlx;
 
-/// Record states, as stored in the `state` column.
-const FREE: i16 = 0;
-const ISSUED: i16 = 1;
-const IN_PROGRESS: i16 = 2;
-const COMPLETED: i16 = 3;
-
-/// Record kinds, as stored in the `kind` column.
-const KIND_DEDUP: i16 = 0;
-const KIND_LOCK: i16 = 1;
-const KIND_TOKEN: i16 = 2;
-
-/// How long a released lock keeps its row (and so its fence counter). Past that the fence
-/// continues from the database clock, which has moved on by then.
-const LOCK_RETENTION: Duration = Duration::from_secs(3600);
-
-/// Every duration is capped so that `now + d` never overflows a BIGINT of microseconds.
-const MAX_DURATION_US: i64 = 100 * 365 * 24 * 3600 * 1_000_000;
-
-/// A claim statement that found the row taken over between its read and its write
-/// (a race with another claimer) is run again, at most this many times.
-const CLAIM_ATTEMPTS: usize = 16;
-
-/// When a claim gave up waiting for a row lock (a transactional-mode twin's open
-/// transaction), how soon to look again.
-const LOCK_WAIT_RETRY: Duration = Duration::from_millis(10);
-
 /// Default bound on every store call, connection acquisition included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How often a waiter re-checks a busy key when no in-process completion wakes it first
-/// (the twin runs in another process; SQL has no cheap cross-process push).
-const CROSS_PROCESS_POLL: Duration = Duration::from_millis(50);
-
-fn us(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).map_or(MAX_DURATION_US, |v| v.min(MAX_DURATION_US))
-}
-
-fn from_us(v: i64) -> Duration {
-    Duration::from_micros(u64::try_from(v).unwrap_or(0))
-}
-
-fn owner_bytes(owner: Owner) -> [u8; 16] {
-    owner.0.to_be_bytes()
-}
-
-fn kind_code(kind: ClaimKind) -> i16 {
-    match kind {
-        ClaimKind::Dedup => KIND_DEDUP,
-        ClaimKind::Lock => KIND_LOCK,
-        ClaimKind::Token => KIND_TOKEN,
-    }
-}
-
-/// A row as a claim statement saw it, by the database's clock.
-#[derive(Debug, Default)]
-struct Snapshot {
-    /// The statement took the key for the caller.
-    claimed: bool,
-    state: i16,
-    fence: i64,
-    fingerprint: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    /// `expires_us - now`: the record exists while this is positive.
-    remaining_us: i64,
-    /// `lease_us - now` for an in-progress record.
-    lease_left_us: Option<i64>,
-}
-
-/// Turns what a claim statement saw into an outcome. `None` means the row looked takeable
-/// but the statement did not take it: another claimer won the race in between, so the
-/// statement is run again. The conditions mirror the SQL `WHERE` clauses of the dialects
-/// and [`MemoryStore`](crate::MemoryStore)'s rules.
-fn decide(
-    key: &Key,
-    kind: ClaimKind,
-    snap: Option<Snapshot>,
-) -> Result<Option<ClaimOutcome>, Error> {
-    let Some(s) = snap else {
-        return Ok(match kind {
-            ClaimKind::Token => Some(ClaimOutcome::Missing),
-            _ => None,
-        });
-    };
-    if s.claimed {
-        let fence = match kind {
-            ClaimKind::Lock => {
-                u64::try_from(s.fence).map_err(|_| corrupt(key, "negative fence"))?
-            }
-            _ => 0,
-        };
-        return Ok(Some(ClaimOutcome::Claimed { fence }));
-    }
-    if !(FREE..=COMPLETED).contains(&s.state) {
-        return Err(corrupt(key, &format!("unknown state {}", s.state)));
-    }
-    let fingerprint = match s.fingerprint {
-        None => None,
-        Some(b) => Some(Fingerprint(
-            b.try_into()
-                .map_err(|_| corrupt(key, "fingerprint is not 16 bytes"))?,
-        )),
-    };
-    if s.remaining_us <= 0 || s.state == FREE {
-        return Ok(match kind {
-            ClaimKind::Token => Some(ClaimOutcome::Missing),
-            _ => None,
-        });
-    }
-    Ok(match s.state {
-        COMPLETED => Some(ClaimOutcome::Completed {
-            value: Bytes::from(
-                s.value
-                    .ok_or_else(|| corrupt(key, "completed record without a value"))?,
-            ),
-            fingerprint,
-        }),
-        IN_PROGRESS => {
-            let lease_left = s.lease_left_us.unwrap_or(s.remaining_us);
-            if lease_left > 0 || kind != ClaimKind::Token {
-                Some(ClaimOutcome::Busy {
-                    retry_in: from_us(lease_left),
-                    fingerprint,
-                })
-            } else {
-                // A token claim whose lease ended: takeable, so a race was lost.
-                None
-            }
-        }
-        // ISSUED: only a token claim takes it; a dedup or lock key never holds a token
-        // (their scopes differ), so it is treated as held until it expires, as in memory.
-        _ => match kind {
-            ClaimKind::Token => None,
-            _ => Some(ClaimOutcome::Busy {
-                retry_in: from_us(s.remaining_us),
-                fingerprint,
-            }),
-        },
-    })
-}
-
-fn corrupt(key: &Key, reason: &str) -> Error {
-    Error::Corrupt {
-        key: *key,
-        reason: reason.to_owned(),
-    }
-}
-
-/// Maps a sqlx error: a value that does not decode means the row is damaged (or the
-/// table was altered); anything else is the store failing.
-fn sql_err(key: Option<&Key>, e: sqlx::Error) -> Error {
-    match (key, &e) {
-        (Some(key), sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => Error::Corrupt {
-            key: *key,
-            reason: format!("a column does not decode: {e}"),
-        },
-        _ => Error::store(e),
-    }
-}
-
-/// A lock wait that ran out (PostgreSQL `lock_timeout`, InnoDB lock wait timeout,
-/// SQLite busy): a twin's transaction holds the key.
-pub(super) fn is_lock_wait(e: &Error) -> bool {
-    let Error::Store(source) = e else {
-        return false;
-    };
-    let Some(sqlx::Error::Database(db)) = source.downcast_ref::<sqlx::Error>() else {
-        return false;
-    };
-    let code = db.code();
-    matches!(code.as_deref(), Some("55P03" | "5" | "517" | "261"))
-        || db.message().contains("Lock wait timeout")
-}
 
 /// The pool settings of [`SqlStore::connect`].
 fn pool_options<DB: sqlx::Database>(max: u32) -> sqlx::pool::PoolOptions<DB> {
@@ -314,62 +150,11 @@ pub struct SqlStore {
     timeout: Duration,
     async_claim_commit: bool,
     watchers: Arc<Watchers>,
+    /// Bloom bitmaps, which have no SQL form here (see the `toolbox` module).
+    blooms: Arc<Blooms>,
     /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
     #[cfg(feature = "postgres")]
     batches: Arc<PgBatches>,
-}
-
-/// The batch queues of a PostgreSQL store.
-#[cfg(feature = "postgres")]
-struct PgBatches {
-    claims: Arc<batch::Batcher<postgres::Claims>>,
-    async_claims: Arc<batch::Batcher<postgres::Claims>>,
-    completions: Arc<batch::Batcher<postgres::Completions>>,
-    /// Keys whose claim found the row locked by an open transaction (a transactional-mode
-    /// twin), and when. Their claims stay out of batches for [`HELD_ALONE`], so one
-    /// long-held key does not stall batch after batch of other keys.
-    held: Mutex<HashMap<[u8; 16], std::time::Instant>>,
-}
-
-/// How long a key whose row was found locked keeps out of batches.
-#[cfg(feature = "postgres")]
-const HELD_ALONE: Duration = Duration::from_secs(2);
-
-#[cfg(feature = "postgres")]
-impl PgBatches {
-    fn recently_held(&self, key: &Key) -> bool {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.get(key.digest())
-            .is_some_and(|at| at.elapsed() < HELD_ALONE)
-    }
-
-    /// Passes `result` on, remembering its key if it waited out a row lock.
-    fn note_held<T>(&self, key: &Key, result: Result<T, Error>) -> Result<T, Error> {
-        if let Err(e) = &result
-            && is_lock_wait(e)
-        {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            if held.len() >= 1024 {
-                held.retain(|_, at| at.elapsed() < HELD_ALONE);
-            }
-            held.insert(*key.digest(), std::time::Instant::now());
-        }
-        result
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Default for PgBatches {
-    fn default() -> Self {
-        PgBatches {
-            claims: Arc::new(batch::Batcher::new(postgres::Claims {
-                async_commit: false,
-            })),
-            async_claims: Arc::new(batch::Batcher::new(postgres::Claims { async_commit: true })),
-            completions: Arc::new(batch::Batcher::new(postgres::Completions)),
-            held: Mutex::default(),
-        }
-    }
 }
 
 impl fmt::Debug for SqlStore {
@@ -526,6 +311,7 @@ impl SqlStore {
             timeout: DEFAULT_TIMEOUT,
             async_claim_commit: false,
             watchers: Arc::default(),
+            blooms: Arc::default(),
             #[cfg(feature = "postgres")]
             batches: Arc::default(),
         }
@@ -565,10 +351,17 @@ impl SqlStore {
     /// Forces the two-statement claim that MySQL needs even on MariaDB, so tests can
     /// exercise that path on the server at hand.
     #[doc(hidden)]
-    pub fn without_returning(mut self) -> Self {
+    pub fn without_returning(self) -> Self {
+        // By value rather than `mut self`: without the `mysql` feature there is nothing
+        // to change, and an unused `mut` would warn.
         #[cfg(feature = "mysql")]
-        if let Backend::MySql { returning, .. } = &mut self.backend {
-            *returning = false;
+        #[allow(irrefutable_let_patterns)]
+        if let Backend::MySql { pool, .. } = self.backend {
+            let backend = Backend::MySql {
+                pool,
+                returning: false,
+            };
+            return SqlStore { backend, ..self };
         }
         self
     }
@@ -627,393 +420,6 @@ impl SqlStore {
             Backend::MySql { pool, .. } => pool.close().await,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(p) => p.close().await,
-        }
-    }
-
-    /// Deletes up to `batch` expired records (oldest first) and returns how many it
-    /// deleted. Call it until it returns less than `batch` to purge everything expired;
-    /// bounded batches keep each statement's locks and undo log small.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: idem_runtime::SqlStore) -> Result<(), idem_runtime::Error> {
-    /// while store.purge_expired(1000).await? == 1000 {}
-    /// # Ok(()) }
-    /// ```
-    pub async fn purge_expired(&self, batch: u32) -> Result<u64, Error> {
-        let batch = i64::from(batch.max(1));
-        self.bounded(async {
-            match &self.backend {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres(p) => postgres::purge(p, batch).await,
-                #[cfg(feature = "mysql")]
-                Backend::MySql { pool, .. } => mysql::purge(pool, batch).await,
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(p) => sqlite::purge(p, batch).await,
-            }
-        })
-        .await
-    }
-
-    /// Spawns a task (on the current tokio runtime) that purges expired records every
-    /// `every`, in batches of `batch` rows until none is left. Errors are logged and the
-    /// task carries on; it stops when the returned handle is dropped.
-    pub fn spawn_purge(&self, every: Duration, batch: u32) -> PurgeTask {
-        let store = self.clone();
-        let handle = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                loop {
-                    match store.purge_expired(batch).await {
-                        Ok(n) => {
-                            if n > 0 {
-                                tracing::debug!(deleted = n, "purged expired idem records");
-                            }
-                            if n < u64::from(batch.max(1)) {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "purging expired idem records failed");
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        PurgeTask(handle)
-    }
-
-    async fn bounded<T>(&self, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::store(format!(
-                "{} store call timed out after {:?}",
-                self.backend_name(),
-                self.timeout
-            ))),
-        }
-    }
-
-    async fn claim_once(&self, key: &Key, req: &ClaimRequest) -> Result<Option<Snapshot>, Error> {
-        match &self.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(p) => self.claim_pg(p, key, req).await,
-            #[cfg(feature = "mysql")]
-            Backend::MySql { pool, returning } => {
-                let mut c = pool.acquire().await.map_err(Error::store)?;
-                mysql::claim(&mut c, *returning, false, key, req).await
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(p) => {
-                let mut c = p.acquire().await.map_err(Error::store)?;
-                sqlite::claim(&mut c, key, req).await
-            }
-        }
-    }
-
-    /// A PostgreSQL claim: in a batch when the store is busy (see the `batch` module),
-    /// else on a connection of its own. Token claims, and claims of a key that an open
-    /// transaction held a moment ago, always run alone.
-    #[cfg(feature = "postgres")]
-    async fn claim_pg(
-        &self,
-        pool: &sqlx::PgPool,
-        key: &Key,
-        req: &ClaimRequest,
-    ) -> Result<Option<Snapshot>, Error> {
-        let async_commit = self.async_claim_commit;
-        let batches = &self.batches;
-        if req.kind != ClaimKind::Token && !batches.recently_held(key) {
-            let batcher = if async_commit {
-                &batches.async_claims
-            } else {
-                &batches.claims
-            };
-            let alone = batcher.alone(pool);
-            let result = match alone {
-                Some(mut c) => postgres::claim(&mut c, key, req, false, async_commit).await,
-                None => match batcher
-                    .submit(pool, self.timeout, postgres::Claim::new(key, req))
-                    .await
-                {
-                    Ok(snap) => snap.transpose().map_err(|e| sql_err(Some(key), e)),
-                    // Its batch waited out a row lock (or deadlocked) on some key: run
-                    // this claim alone, so that key answers only for itself.
-                    Err(e) if batch::rolled_back_for_a_row(&e) => {
-                        let mut c = pool.acquire().await.map_err(Error::store)?;
-                        postgres::claim(&mut c, key, req, false, async_commit).await
-                    }
-                    Err(e) => Err(e),
-                },
-            };
-            return batches.note_held(key, result);
-        }
-        let mut c = pool.acquire().await.map_err(Error::store)?;
-        let result = postgres::claim(&mut c, key, req, false, async_commit).await;
-        batches.note_held(key, result)
-    }
-
-    async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            let snap = match self.claim_once(key, req).await {
-                // A transactional-mode twin holds the key uncommitted: busy, not broken.
-                Err(e) if is_lock_wait(&e) => {
-                    return Ok(ClaimOutcome::Busy {
-                        retry_in: LOCK_WAIT_RETRY,
-                        fingerprint: None,
-                    });
-                }
-                other => other?,
-            };
-            if let Some(outcome) = decide(key, req.kind, snap)? {
-                return Ok(outcome);
-            }
-        }
-        // Lost the race every time: someone else keeps taking the key. Report it busy,
-        // so the caller waits and tries again rather than failing.
-        Ok(ClaimOutcome::Busy {
-            retry_in: Duration::from_millis(1),
-            fingerprint: None,
-        })
-    }
-}
-
-/// The background purge started by [`SqlStore::spawn_purge`]; dropping it stops the task.
-#[derive(Debug)]
-pub struct PurgeTask(tokio::task::JoinHandle<()>);
-
-impl PurgeTask {
-    /// Stops the task now.
-    pub fn stop(self) {}
-}
-
-impl Drop for PurgeTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// In-process wake-ups: a waiter on a busy key is woken the moment a call of this process
-/// completes or releases it. Twins in other processes are caught by polling.
-#[derive(Default)]
-struct Watchers(Mutex<HashMap<[u8; 16], watch::Sender<()>>>);
-
-impl Watchers {
-    fn subscribe(&self, key: &Key) -> watch::Receiver<()> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        // Keys whose waiters are gone (their twin ran elsewhere) are dropped here, so the
-        // map holds about as many keys as there are waiters.
-        if map.len() >= 1024 {
-            map.retain(|_, tx| tx.receiver_count() > 0);
-        }
-        map.entry(*key.digest())
-            .or_insert_with(|| watch::channel(()).0)
-            .subscribe()
-    }
-
-    fn wake(&self, key: &Key) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = map.remove(key.digest()) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Store for SqlStore {
-    fn claim<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
-        Box::pin(self.bounded(self.claim_now(key, req)))
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let done = self
-                .bounded(async {
-                    match &self.backend {
-                        #[cfg(feature = "postgres")]
-                        Backend::Postgres(p) => {
-                            let batcher = &self.batches.completions;
-                            if let Some(mut c) = batcher.alone(p) {
-                                return postgres::complete(&mut c, key, owner, &value, ttl).await;
-                            }
-                            let item = postgres::Completion {
-                                id: *key.digest(),
-                                owner: owner_bytes(owner),
-                                value: value.clone(),
-                                ttl_us: us(ttl),
-                            };
-                            batcher.submit(p, self.timeout, item).await
-                        }
-                        #[cfg(feature = "mysql")]
-                        Backend::MySql { pool, .. } => {
-                            let mut c = pool.acquire().await.map_err(Error::store)?;
-                            mysql::complete(&mut c, key, owner, &value, ttl).await
-                        }
-                        #[cfg(feature = "sqlite")]
-                        Backend::Sqlite(p) => {
-                            let mut c = p.acquire().await.map_err(Error::store)?;
-                            sqlite::complete(&mut c, key, owner, &value, ttl).await
-                        }
-                    }
-                })
-                .await?;
-            if done {
-                self.watchers.wake(key);
-            }
-            Ok(done)
-        })
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let done = self
-                .bounded(async {
-                    match &self.backend {
-                        #[cfg(feature = "postgres")]
-                        Backend::Postgres(p) => postgres::release(p, key, owner).await,
-                        #[cfg(feature = "mysql")]
-                        Backend::MySql { pool, .. } => mysql::release(pool, key, owner).await,
-                        #[cfg(feature = "sqlite")]
-                        Backend::Sqlite(p) => sqlite::release(p, key, owner).await,
-                    }
-                })
-                .await?;
-            if done {
-                self.watchers.wake(key);
-            }
-            Ok(done)
-        })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.bounded(async move {
-            match &self.backend {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres(p) => postgres::renew(p, key, owner, lease).await,
-                #[cfg(feature = "mysql")]
-                Backend::MySql { pool, .. } => mysql::renew(pool, key, owner, lease).await,
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(p) => sqlite::renew(p, key, owner, lease).await,
-            }
-        }))
-    }
-
-    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.bounded(async move {
-            match &self.backend {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres(p) => postgres::issue(p, key, ttl).await,
-                #[cfg(feature = "mysql")]
-                Backend::MySql { pool, returning } => {
-                    let mut c = pool.acquire().await.map_err(Error::store)?;
-                    mysql::issue(&mut c, *returning, key, ttl).await
-                }
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(p) => sqlite::issue(p, key, ttl).await,
-            }
-        }))
-    }
-
-    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
-        let mut rx = self.watchers.subscribe(key);
-        Box::pin(std::future::ready(Ok(Subscription::new(async move {
-            // Fires on an in-process completion or release, or after a short poll
-            // interval for twins in other processes (a spurious wake-up is allowed:
-            // the caller claims again).
-            tokio::select! {
-                _ = rx.changed() => {}
-                _ = tokio::time::sleep(CROSS_PROCESS_POLL) => {}
-            }
-        }))))
-    }
-
-    fn load_versioned<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
-        Box::pin(self.tb_load_versioned(key))
-    }
-
-    fn compare_and_set<'a>(
-        &'a self,
-        key: &'a Key,
-        expected: u64,
-        value: Bytes,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
-        Box::pin(self.tb_compare_and_set(key, expected, value, ttl))
-    }
-
-    fn transition<'a>(
-        &'a self,
-        key: &'a Key,
-        req: &'a TransitionRequest<'a>,
-    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
-        Box::pin(self.tb_transition(key, req))
-    }
-
-    fn settle_transition<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        action: Settle,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.tb_settle_transition(key, owner, action))
-    }
-
-    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
-        Box::pin(self.tb_load_state(key))
-    }
-
-    /// SQL has no bitmap here: the filter lives in this process' memory (see the
-    /// `toolbox` module), so it sees only this process' ids.
-    fn bloom_insert<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.tb_bloom_insert(filter, indexes, size_bits, ttl))
-    }
-
-    fn bloom_contains<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.tb_bloom_contains(filter, indexes, size_bits))
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn name(&self) -> &'static str {
-        match &self.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "sql-postgres",
-            #[cfg(feature = "mysql")]
-            Backend::MySql { .. } => "sql-mysql",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sql-sqlite",
         }
     }
 }

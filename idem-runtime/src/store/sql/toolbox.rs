@@ -9,9 +9,9 @@
 //!   re-checks what it read (`WHERE state = <read> AND <no live hold>`); if another mover
 //!   got in between, no row is updated and the move is decided again. So a move costs two
 //!   statements, and of concurrent movers exactly one performs it.
-//! - **Bloom bitmaps** have no SQL form here: the store keeps them in a [`MemoryStore`]
-//!   of its own, so a filter on a `SqlStore` sees only this process' ids (see
-//!   [`BloomFilter`](crate::BloomFilter)). For a filter shared by every process, put it on
+//! - **Bloom bitmaps** have no SQL form here: each `SqlStore` keeps them in process
+//!   memory of its own (shared with its clones), so a filter on a `SqlStore` sees only
+//!   this process' ids (see [`BloomFilter`](crate::BloomFilter)). For a filter shared by every process, put it on
 //!   Redis with [`BloomFilter::on_store`](crate::BloomFilter::on_store).
 //!
 //! Expiry is the database's clock, as for the claim records; expired rows are ignored and
@@ -24,11 +24,11 @@ use bytes::Bytes;
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{Backend, SqlStore, owner_bytes, sql_err, us};
-use crate::store::{Owner, Settle, Store, TransitionOutcome, TransitionRequest, VersionedBytes};
-use crate::{Error, Key, MemoryStore};
-
-/// The process' Bloom bitmaps for every `SqlStore` (SQL has none; see the module docs).
-static BLOOM: std::sync::LazyLock<MemoryStore> = std::sync::LazyLock::new(MemoryStore::new);
+use crate::store::{
+    BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
+    VersionedStore,
+};
+use crate::{Error, Key};
 
 /// A move that lost its re-check to another mover is decided again, at most this often.
 const MOVE_ATTEMPTS: usize = 16;
@@ -416,25 +416,6 @@ impl SqlStore {
         .await
     }
 
-    pub(super) async fn tb_bloom_insert(
-        &self,
-        filter: &Key,
-        indexes: &[u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> Result<bool, Error> {
-        BLOOM.bloom_insert(filter, indexes, size_bits, ttl).await
-    }
-
-    pub(super) async fn tb_bloom_contains(
-        &self,
-        filter: &Key,
-        indexes: &[u64],
-        size_bits: u64,
-    ) -> Result<bool, Error> {
-        BLOOM.bloom_contains(filter, indexes, size_bits).await
-    }
-
     pub(super) async fn tb_load_state(&self, key: &Key) -> Result<Option<String>, Error> {
         self.bounded(async { Ok(self.read_state(key).await?.and_then(|r| r.state)) })
             .await
@@ -476,6 +457,48 @@ impl SqlStore {
                 .await?;
         }
         Ok(deleted)
+    }
+}
+
+impl VersionedStore for SqlStore {
+    fn load_versioned<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<VersionedBytes>, Error>> {
+        Box::pin(self.tb_load_versioned(key))
+    }
+
+    fn compare_and_set<'a>(
+        &'a self,
+        key: &'a Key,
+        expected: u64,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Error>> {
+        Box::pin(self.tb_compare_and_set(key, expected, value, ttl))
+    }
+}
+
+impl StateStore for SqlStore {
+    fn transition<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a TransitionRequest<'a>,
+    ) -> BoxFuture<'a, Result<TransitionOutcome, Error>> {
+        Box::pin(self.tb_transition(key, req))
+    }
+
+    fn settle_transition<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        action: Settle,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.tb_settle_transition(key, owner, action))
+    }
+
+    fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
+        Box::pin(self.tb_load_state(key))
     }
 }
 

@@ -45,12 +45,22 @@ pub async fn versioned_compare_and_set(store: Arc<dyn Store>) {
     let key = idem.versioned_key(&BALANCE, "b");
     assert_eq!(
         store
+            .versioned()
+            .expect("the store offers versioned")
             .compare_and_set(&key, 3, Bytes::from_static(b"x"), None)
             .await
             .unwrap(),
         None
     );
-    assert_eq!(store.load_versioned(&key).await.unwrap(), None);
+    assert_eq!(
+        store
+            .versioned()
+            .expect("the store offers versioned")
+            .load_versioned(&key)
+            .await
+            .unwrap(),
+        None
+    );
     // Versioned values and claim records under one key do not see each other.
     static SAME: Options = Options::dedup("conformance::balance");
     let replayed: u8 = idem
@@ -375,12 +385,19 @@ pub async fn state_machine_crashed_hold_taken_over(store: Arc<dyn Store>) {
     let from = ["created"];
     let req = TransitionRequest::new(&from, false, "paid").hold(crashed, ms(700));
     assert_eq!(
-        store.transition(&key, &req).await.unwrap(),
+        store
+            .states()
+            .expect("the store offers states")
+            .transition(&key, &req)
+            .await
+            .unwrap(),
         TransitionOutcome::Held {
             from: Some("created".into())
         }
     );
     match store
+        .states()
+        .expect("the store offers states")
         .transition(&key, &TransitionRequest::new(&from, false, "paid"))
         .await
         .unwrap()
@@ -405,12 +422,16 @@ pub async fn state_machine_crashed_hold_taken_over(store: Arc<dyn Store>) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(
         !store
+            .states()
+            .expect("the store offers states")
             .settle_transition(&key, crashed, Settle::Commit { ttl: None })
             .await
             .unwrap()
     );
     assert!(
         !store
+            .states()
+            .expect("the store offers states")
             .settle_transition(&key, crashed, Settle::Abort)
             .await
             .unwrap()
@@ -432,24 +453,32 @@ pub async fn bloom_insert_and_contains(store: Arc<dyn Store>) {
     let raw = *a.key();
     assert!(
         !store
+            .blooms()
+            .expect("the store offers blooms")
             .bloom_insert(&raw, &[0, 63, 64, a.size_bits() - 1], a.size_bits(), None)
             .await
             .unwrap()
     );
     assert!(
         store
+            .blooms()
+            .expect("the store offers blooms")
             .bloom_contains(&raw, &[0, 63, 64, a.size_bits() - 1], a.size_bits())
             .await
             .unwrap()
     );
     assert!(
         !store
+            .blooms()
+            .expect("the store offers blooms")
             .bloom_contains(&raw, &[0, 1], a.size_bits())
             .await
             .unwrap()
     );
     assert!(
         store
+            .blooms()
+            .expect("the store offers blooms")
             .bloom_insert(&raw, &[63, 0], a.size_bits(), None)
             .await
             .unwrap()

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::SqlStore;
-use super::tx::{Backoff, TxDatabase};
+use super::own_tx::{Backoff, TxDatabase};
 use crate::codec::Codec;
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
@@ -184,7 +184,7 @@ where
                 fingerprint: stored,
             })) => {
                 release(conn, &savepoint).await?;
-                crate::strategy::claim::check_fingerprint(&key, fingerprint, stored)?;
+                crate::key::check_fingerprint(&key, fingerprint, stored)?;
                 return match opts.duplicate_policy() {
                     OnDuplicate::Reject => Err(Error::Duplicate { key }),
                     OnDuplicate::Replay => Ok(TxBegun::Replayed(C::decode(&key, &value)?)),
@@ -195,7 +195,7 @@ where
                 fingerprint: stored,
             })) => {
                 undo(conn, &savepoint).await?;
-                crate::strategy::claim::check_fingerprint(&key, fingerprint, stored)?;
+                crate::key::check_fingerprint(&key, fingerprint, stored)?;
                 retry_in
             }
             // The statement kept losing races, or a twin's transaction held the row past

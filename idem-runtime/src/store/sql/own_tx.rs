@@ -1,5 +1,7 @@
-//! Transactional mode: the idem record commits in the same transaction as the business
-//! writes.
+//! Transactional mode in a transaction idem opens ([`SqlStore::begin`],
+//! [`SqlStore::transaction`]): the idem record commits in the same transaction as the
+//! business writes. (The caller's own transaction, `#[idempotent(transaction = tx)]`, is
+//! the `caller_tx` module.)
 //!
 //! The claim row is inserted inside the transaction, so it is invisible to everyone else
 //! until the commit: a concurrent duplicate (in this mode or the normal one) blocks on
@@ -478,7 +480,7 @@ impl SqlStore {
         let req =
             ClaimRequest::new(ClaimKind::Dedup, owner, TX_LEASE).with_fingerprint(fingerprint);
         let mut backoff = Backoff::new(opts.wait_for());
-        let mismatch = |stored| crate::strategy::claim::check_fingerprint(key, fingerprint, stored);
+        let mismatch = |stored| crate::key::check_fingerprint(key, fingerprint, stored);
         loop {
             let attempt = async {
                 let mut tx = DB::__begin(pool, opts.wait_for()).await?;

@@ -1,0 +1,247 @@
+//! [`RedisStoreBuilder`]: a store's options, and the ways to connect it (a URL, a pool, a
+//! Cluster).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::connect::{Connections, Source};
+use super::notify::Notifier;
+use super::record::millis;
+use super::{
+    DEFAULT_CONNECTIONS, DEFAULT_FENCE_TTL, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner, RedisStore,
+};
+use crate::Error;
+
+/// Options of a [`RedisStore`]; made by [`RedisStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    timeout: Duration,
+    prefix: String,
+    connections: usize,
+    fence_ttl: Duration,
+    pubsub_urls: Vec<String>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        RedisStoreBuilder {
+            timeout: DEFAULT_TIMEOUT,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connections: DEFAULT_CONNECTIONS,
+            fence_ttl: DEFAULT_FENCE_TTL,
+            pubsub_urls: Vec::new(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Bounds every store call (checkout, connect and command); past it the call fails
+    /// with [`Error::Store`]. Default [`DEFAULT_TIMEOUT`].
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().timeout(std::time::Duration::from_secs(1));
+    /// # let _ = b;
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The prefix of every key written (default [`DEFAULT_PREFIX`]); stores that should
+    /// see each other's records use the same prefix.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().prefix("app1:idem:");
+    /// # let _ = b;
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many multiplexed connections calls are spread over, round-robin (default
+    /// [`DEFAULT_CONNECTIONS`]). Each pipelines any number of concurrent calls; more than
+    /// one spreads the socket work over the executor's threads.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().connections(2);
+    /// # let _ = b;
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
+        self
+    }
+
+    /// How long a lock's fencing counter is kept from its first use (default 30 days, and
+    /// never less than a lease). Fences stay strictly increasing after it expires (a new
+    /// counter starts at the Redis clock in microseconds, above anything the old one
+    /// reached); the ttl only bounds memory for lock keys that are no longer used.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().fence_ttl(std::time::Duration::from_secs(86_400));
+    /// # let _ = b;
+    /// ```
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.fence_ttl = ttl;
+        self
+    }
+
+    /// A server to subscribe on for wake-ups, for stores built from a pool (whose
+    /// address a pool does not reveal). Without it such a store's waiters poll.
+    /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) set it
+    /// themselves.
+    ///
+    /// ```
+    /// let b = idem_runtime::RedisStore::builder().pubsub_url("redis://127.0.0.1:6379");
+    /// # let _ = b;
+    /// ```
+    pub fn pubsub_url(mut self, url: impl Into<String>) -> Self {
+        self.pubsub_urls.push(url.into());
+        self
+    }
+
+    /// A store on the standalone server at `url` (`redis://[user:password@]host:port[/db]`,
+    /// or `rediss://` with the `tls` feature). Does not connect yet; fails only on a
+    /// malformed URL.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::builder().connect("redis://127.0.0.1:6379")?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    pub fn connect(mut self, url: &str) -> Result<RedisStore, Error> {
+        install_tls_provider(url);
+        let bad = |e: redis::RedisError| Error::Config(format!("redis URL: {e}"));
+        let conf = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let manager = deadpool_redis::Manager::new_with_config(url, conf).map_err(bad)?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .wait_timeout(Some(self.timeout))
+            .create_timeout(Some(self.timeout))
+            .recycle_timeout(Some(self.timeout))
+            .build()
+            .map_err(|e| Error::Config(format!("redis pool: {e}")))?;
+        self.pubsub_urls.insert(0, url.to_owned());
+        self.build(Source::Single(pool))
+    }
+
+    /// A store on connections from `pool`, which the application may keep using.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::deadpool_redis::{Config, Runtime};
+    /// let pool = Config::from_url("redis://127.0.0.1:6379").create_pool(Some(Runtime::Tokio1)).unwrap();
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .pubsub_url("redis://127.0.0.1:6379")
+    ///     .from_pool(pool);
+    /// # let _ = store;
+    /// ```
+    pub fn from_pool(self, pool: deadpool_redis::Pool) -> RedisStore {
+        let clients = self.clients().unwrap_or_else(|e| {
+            // A malformed pub/sub URL: keep the store, its waiters poll.
+            tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
+            Vec::new()
+        });
+        self.assemble(Source::Single(pool), clients)
+    }
+
+    /// A store on the Redis Cluster reached through any of `urls` (feature
+    /// `redis-cluster`). Keys of one record share a hash tag, so each call touches one
+    /// slot.
+    ///
+    /// ```no_run
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .connect_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])?;
+    /// # Ok::<(), idem_runtime::Error>(())
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn connect_cluster<S: AsRef<str>>(
+        mut self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStore, Error> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        for u in &urls {
+            install_tls_provider(u);
+        }
+        if urls.is_empty() {
+            return Err(Error::Config("redis cluster: no node URL".into()));
+        }
+        let cfg = deadpool_redis::cluster::Config::from_urls(urls.clone());
+        let pool = cfg
+            .builder()
+            .map_err(|e| Error::Config(format!("redis cluster: {e}")))?
+            .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .wait_timeout(Some(self.timeout))
+            .create_timeout(Some(self.timeout))
+            .recycle_timeout(Some(self.timeout))
+            .build()
+            .map_err(|e| Error::Config(format!("redis cluster pool: {e}")))?;
+        let mut pubsub = urls;
+        pubsub.append(&mut self.pubsub_urls);
+        self.pubsub_urls = pubsub;
+        self.build(Source::Cluster(pool))
+    }
+
+    /// A store on connections from a Redis Cluster `pool` (feature `redis-cluster`).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::deadpool_redis::{cluster::Config, Runtime};
+    /// let pool = Config::from_urls(vec!["redis://127.0.0.1:7000".to_owned()])
+    ///     .create_pool(Some(Runtime::Tokio1)).unwrap();
+    /// let store = idem_runtime::RedisStore::builder()
+    ///     .pubsub_url("redis://127.0.0.1:7000")
+    ///     .from_cluster_pool(pool);
+    /// # let _ = store;
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub fn from_cluster_pool(self, pool: deadpool_redis::cluster::Pool) -> RedisStore {
+        let clients = self.clients().unwrap_or_else(|e| {
+            // A malformed pub/sub URL: keep the store, its waiters poll.
+            tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
+            Vec::new()
+        });
+        self.assemble(Source::Cluster(pool), clients)
+    }
+
+    fn build(self, source: Source) -> Result<RedisStore, Error> {
+        let clients = self.clients()?;
+        Ok(self.assemble(source, clients))
+    }
+
+    fn clients(&self) -> Result<Vec<redis::Client>, Error> {
+        self.pubsub_urls
+            .iter()
+            .map(|u| redis::Client::open(u.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(format!("redis URL: {e}")))
+    }
+
+    fn assemble(self, source: Source, clients: Vec<redis::Client>) -> RedisStore {
+        let channel = format!("{}notify", self.prefix);
+        RedisStore {
+            inner: Arc::new(Inner {
+                conns: Connections::new(source, self.connections),
+                notifier: Arc::new(Notifier::new(clients, channel, self.timeout)),
+                prefix: self.prefix,
+                timeout: self.timeout,
+                fence_ttl_ms: millis(self.fence_ttl).max(1),
+            }),
+        }
+    }
+}
+
+/// rustls needs a process-wide crypto provider; install ring's for `rediss://` unless
+/// the application already chose one (then this does nothing).
+fn install_tls_provider(url: &str) {
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss:") && rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = url;
+}

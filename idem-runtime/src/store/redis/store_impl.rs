@@ -1,0 +1,180 @@
+//! The [`Store`] impl: each method one atomic step, a native command or one script.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::{Cmd, Script, Value};
+
+use super::RedisStore;
+use super::record::{ceil_millis, evalsha, in_progress};
+use super::reply::{corrupt, parse_claim, parse_completed};
+use crate::store::{
+    BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, StateStore, Store,
+    Subscription, VersionedStore,
+};
+use crate::{Error, Key};
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
+// Complete, release and renew start alike: held.lua reads and checks the record and its
+// owner for each of them.
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("held.lua"),
+        include_str!("complete.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("held.lua"),
+        include_str!("release.lua")
+    ))
+});
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("held.lua"), include_str!("renew.lua"))));
+
+impl Store for RedisStore {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        Box::pin(async move {
+            let (buf, len) = in_progress(req);
+            let record = &buf[..len];
+            let lease = ceil_millis(req.lease);
+            let channel = self.inner.notifier.channel();
+            match req.kind {
+                ClaimKind::Dedup => {
+                    let rec = self.record_name(key);
+                    let mut cmd = Cmd::with_capacity(7, rec.len() + len + 40);
+                    cmd.arg("SET")
+                        .arg(&rec)
+                        .arg(record)
+                        .arg("NX")
+                        .arg("GET")
+                        .arg("PX")
+                        .arg(lease);
+                    match self.exec(None, &cmd).await? {
+                        Ok(Value::Nil) => return Ok(ClaimOutcome::Claimed { fence: 0 }),
+                        Ok(Value::BulkString(b)) if b.first() == Some(&b'c') => {
+                            return parse_completed(key, b);
+                        }
+                        // WRONGTYPE: not a string; the script says so in its words.
+                        Err(e) if e.code() != Some("WRONGTYPE") => return Err(Error::store(e)),
+                        // Held by another owner, a token, or garbage: the script decides.
+                        _ => {}
+                    }
+                    let mut cmd = evalsha(&CLAIM, 1);
+                    cmd.arg(&rec).arg(record).arg(lease).arg(channel);
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+                ClaimKind::Lock => {
+                    // One allocation for both names: the record's, then its fence counter's.
+                    let names = self.name_with(key, ":fence");
+                    let rec = &names[..names.len() - ":fence".len()];
+                    let mut cmd = evalsha(&CLAIM, 2);
+                    cmd.arg(rec)
+                        .arg(&names)
+                        .arg(record)
+                        .arg(lease)
+                        .arg(self.inner.fence_ttl_ms.max(lease + 1000));
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+                ClaimKind::Token => {
+                    let mut cmd = evalsha(&CLAIM, 1);
+                    cmd.arg(self.record_name(key))
+                        .arg(record)
+                        .arg(lease)
+                        .arg(channel);
+                    parse_claim(key, self.eval(&CLAIM, cmd).await?)
+                }
+            }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&COMPLETE, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner.0.to_be_bytes()[..])
+                .arg(value.as_ref())
+                .arg(ceil_millis(ttl))
+                .arg(self.inner.notifier.channel());
+            self.eval_bool(key, &COMPLETE, cmd).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&RELEASE, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner.0.to_be_bytes()[..])
+                .arg(self.inner.notifier.channel());
+            self.eval_bool(key, &RELEASE, cmd).await
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&RENEW, 1);
+            cmd.arg(self.record_name(key))
+                .arg(&owner.0.to_be_bytes()[..])
+                .arg(ceil_millis(lease));
+            self.eval_bool(key, &RENEW, cmd).await
+        })
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            // The key's expiry is the token's deadline; a claim reads it with `PTTL`.
+            let rec = self.record_name(key);
+            let mut cmd = Cmd::with_capacity(6, rec.len() + 32);
+            cmd.arg("SET")
+                .arg(&rec)
+                .arg("i-")
+                .arg("NX")
+                .arg("PX")
+                .arg(ceil_millis(ttl));
+            match self.exec(None, &cmd).await?.map_err(Error::store)? {
+                Value::Okay => Ok(true),
+                Value::Nil => Ok(false),
+                other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
+            }
+        })
+    }
+
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        Box::pin(async move {
+            let rec = self.record_name(key);
+            Ok(self.inner.notifier.subscribe(&rec).await)
+        })
+    }
+
+    fn versioned(&self) -> Option<&dyn VersionedStore> {
+        Some(self)
+    }
+
+    fn states(&self) -> Option<&dyn StateStore> {
+        Some(self)
+    }
+
+    fn blooms(&self) -> Option<&dyn BloomStore> {
+        Some(self)
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}

@@ -1,0 +1,357 @@
+//! The [`Store`] impl: each method one conditional statement on the primary key, claims
+//! on PostgreSQL batched when the store is busy, and in-process wake-ups for waiters.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+#[cfg(feature = "mysql")]
+use super::mysql;
+use super::record::{
+    CLAIM_ATTEMPTS, CROSS_PROCESS_POLL, LOCK_WAIT_RETRY, Snapshot, decide, is_lock_wait,
+    owner_bytes, sql_err, us,
+};
+#[cfg(feature = "sqlite")]
+use super::sqlite;
+use super::{Backend, SqlStore};
+#[cfg(feature = "postgres")]
+use super::{batch, postgres};
+use crate::store::{
+    BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, StateStore, Store,
+    Subscription, VersionedStore,
+};
+use crate::{Error, Key};
+
+/// The batch queues of a PostgreSQL store.
+#[cfg(feature = "postgres")]
+pub(super) struct PgBatches {
+    claims: Arc<batch::Batcher<postgres::Claims>>,
+    async_claims: Arc<batch::Batcher<postgres::Claims>>,
+    completions: Arc<batch::Batcher<postgres::Completions>>,
+    /// Keys whose claim found the row locked by an open transaction (a transactional-mode
+    /// twin), and when. Their claims stay out of batches for [`HELD_ALONE`], so one
+    /// long-held key does not stall batch after batch of other keys.
+    held: Mutex<HashMap<[u8; 16], std::time::Instant>>,
+}
+
+/// How long a key whose row was found locked keeps out of batches.
+#[cfg(feature = "postgres")]
+const HELD_ALONE: Duration = Duration::from_secs(2);
+
+#[cfg(feature = "postgres")]
+impl PgBatches {
+    fn recently_held(&self, key: &Key) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(key.digest())
+            .is_some_and(|at| at.elapsed() < HELD_ALONE)
+    }
+
+    /// Passes `result` on, remembering its key if it waited out a row lock.
+    fn note_held<T>(&self, key: &Key, result: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &result
+            && is_lock_wait(e)
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held.len() >= 1024 {
+                held.retain(|_, at| at.elapsed() < HELD_ALONE);
+            }
+            held.insert(*key.digest(), std::time::Instant::now());
+        }
+        result
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Default for PgBatches {
+    fn default() -> Self {
+        PgBatches {
+            claims: Arc::new(batch::Batcher::new(postgres::Claims {
+                async_commit: false,
+            })),
+            async_claims: Arc::new(batch::Batcher::new(postgres::Claims { async_commit: true })),
+            completions: Arc::new(batch::Batcher::new(postgres::Completions)),
+            held: Mutex::default(),
+        }
+    }
+}
+
+impl SqlStore {
+    pub(super) async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::store(format!(
+                "{} store call timed out after {:?}",
+                self.backend_name(),
+                self.timeout
+            ))),
+        }
+    }
+
+    async fn claim_once(&self, key: &Key, req: &ClaimRequest) -> Result<Option<Snapshot>, Error> {
+        match &self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => self.claim_pg(p, key, req).await,
+            #[cfg(feature = "mysql")]
+            Backend::MySql { pool, returning } => {
+                let mut c = pool.acquire().await.map_err(Error::store)?;
+                mysql::claim(&mut c, *returning, false, key, req).await
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(p) => {
+                let mut c = p.acquire().await.map_err(Error::store)?;
+                sqlite::claim(&mut c, key, req).await
+            }
+        }
+    }
+
+    /// A PostgreSQL claim: in a batch when the store is busy (see the `batch` module),
+    /// else on a connection of its own. Token claims, and claims of a key that an open
+    /// transaction held a moment ago, always run alone.
+    #[cfg(feature = "postgres")]
+    async fn claim_pg(
+        &self,
+        pool: &sqlx::PgPool,
+        key: &Key,
+        req: &ClaimRequest,
+    ) -> Result<Option<Snapshot>, Error> {
+        let async_commit = self.async_claim_commit;
+        let batches = &self.batches;
+        if req.kind != ClaimKind::Token && !batches.recently_held(key) {
+            let batcher = if async_commit {
+                &batches.async_claims
+            } else {
+                &batches.claims
+            };
+            let alone = batcher.alone(pool);
+            let result = match alone {
+                Some(mut c) => postgres::claim(&mut c, key, req, false, async_commit).await,
+                None => match batcher
+                    .submit(pool, self.timeout, postgres::Claim::new(key, req))
+                    .await
+                {
+                    Ok(snap) => snap.transpose().map_err(|e| sql_err(Some(key), e)),
+                    // Its batch waited out a row lock (or deadlocked) on some key: run
+                    // this claim alone, so that key answers only for itself.
+                    Err(e) if batch::rolled_back_for_a_row(&e) => {
+                        let mut c = pool.acquire().await.map_err(Error::store)?;
+                        postgres::claim(&mut c, key, req, false, async_commit).await
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            return batches.note_held(key, result);
+        }
+        let mut c = pool.acquire().await.map_err(Error::store)?;
+        let result = postgres::claim(&mut c, key, req, false, async_commit).await;
+        batches.note_held(key, result)
+    }
+
+    async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let snap = match self.claim_once(key, req).await {
+                // A transactional-mode twin holds the key uncommitted: busy, not broken.
+                Err(e) if is_lock_wait(&e) => {
+                    return Ok(ClaimOutcome::Busy {
+                        retry_in: LOCK_WAIT_RETRY,
+                        fingerprint: None,
+                    });
+                }
+                other => other?,
+            };
+            if let Some(outcome) = decide(key, req.kind, snap)? {
+                return Ok(outcome);
+            }
+        }
+        // Lost the race every time: someone else keeps taking the key. Report it busy,
+        // so the caller waits and tries again rather than failing.
+        Ok(ClaimOutcome::Busy {
+            retry_in: Duration::from_millis(1),
+            fingerprint: None,
+        })
+    }
+}
+
+/// In-process wake-ups: a waiter on a busy key is woken the moment a call of this process
+/// completes or releases it. Twins in other processes are caught by polling.
+#[derive(Default)]
+pub(super) struct Watchers(Mutex<HashMap<[u8; 16], watch::Sender<()>>>);
+
+impl Watchers {
+    fn subscribe(&self, key: &Key) -> watch::Receiver<()> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Keys whose waiters are gone (their twin ran elsewhere) are dropped here, so the
+        // map holds about as many keys as there are waiters.
+        if map.len() >= 1024 {
+            map.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        map.entry(*key.digest())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe()
+    }
+
+    pub(super) fn wake(&self, key: &Key) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = map.remove(key.digest()) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Store for SqlStore {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        Box::pin(self.bounded(self.claim_now(key, req)))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let done = self
+                .bounded(async {
+                    match &self.backend {
+                        #[cfg(feature = "postgres")]
+                        Backend::Postgres(p) => {
+                            let batcher = &self.batches.completions;
+                            if let Some(mut c) = batcher.alone(p) {
+                                return postgres::complete(&mut c, key, owner, &value, ttl).await;
+                            }
+                            let item = postgres::Completion {
+                                id: *key.digest(),
+                                owner: owner_bytes(owner),
+                                value: value.clone(),
+                                ttl_us: us(ttl),
+                            };
+                            batcher.submit(p, self.timeout, item).await
+                        }
+                        #[cfg(feature = "mysql")]
+                        Backend::MySql { pool, .. } => {
+                            let mut c = pool.acquire().await.map_err(Error::store)?;
+                            mysql::complete(&mut c, key, owner, &value, ttl).await
+                        }
+                        #[cfg(feature = "sqlite")]
+                        Backend::Sqlite(p) => {
+                            let mut c = p.acquire().await.map_err(Error::store)?;
+                            sqlite::complete(&mut c, key, owner, &value, ttl).await
+                        }
+                    }
+                })
+                .await?;
+            if done {
+                self.watchers.wake(key);
+            }
+            Ok(done)
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let done = self
+                .bounded(async {
+                    match &self.backend {
+                        #[cfg(feature = "postgres")]
+                        Backend::Postgres(p) => postgres::release(p, key, owner).await,
+                        #[cfg(feature = "mysql")]
+                        Backend::MySql { pool, .. } => mysql::release(pool, key, owner).await,
+                        #[cfg(feature = "sqlite")]
+                        Backend::Sqlite(p) => sqlite::release(p, key, owner).await,
+                    }
+                })
+                .await?;
+            if done {
+                self.watchers.wake(key);
+            }
+            Ok(done)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.bounded(async move {
+            match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::renew(p, key, owner, lease).await,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, .. } => mysql::renew(pool, key, owner, lease).await,
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::renew(p, key, owner, lease).await,
+            }
+        }))
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.bounded(async move {
+            match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::issue(p, key, ttl).await,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, returning } => {
+                    let mut c = pool.acquire().await.map_err(Error::store)?;
+                    mysql::issue(&mut c, *returning, key, ttl).await
+                }
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::issue(p, key, ttl).await,
+            }
+        }))
+    }
+
+    fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
+        let mut rx = self.watchers.subscribe(key);
+        Box::pin(std::future::ready(Ok(Subscription::new(async move {
+            // Fires on an in-process completion or release, or after a short poll
+            // interval for twins in other processes (a spurious wake-up is allowed:
+            // the caller claims again).
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep(CROSS_PROCESS_POLL) => {}
+            }
+        }))))
+    }
+
+    fn versioned(&self) -> Option<&dyn VersionedStore> {
+        Some(self)
+    }
+
+    fn states(&self) -> Option<&dyn StateStore> {
+        Some(self)
+    }
+
+    /// SQL has no bitmap here: the filter lives in this store's memory (see the
+    /// `toolbox` module), so it sees only this process' ids.
+    fn blooms(&self) -> Option<&dyn BloomStore> {
+        Some(&*self.blooms)
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn name(&self) -> &'static str {
+        match &self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "sql-postgres",
+            #[cfg(feature = "mysql")]
+            Backend::MySql { .. } => "sql-mysql",
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => "sql-sqlite",
+        }
+    }
+}
