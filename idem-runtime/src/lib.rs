@@ -24,8 +24,9 @@
 //!
 //! Called once or a thousand times, concurrently or as retries, from one process or
 //! many (with a shared store), the body runs once per key and every caller gets the
-//! same answer. See the README for the attribute's options, the strategies
-//! (`dedup`, `lock`, `token`) and the stores.
+//! same answer. [`idempotent`] lists the attribute's options; each strategy's module
+//! (`strategy::dedup`, `lock`, `token`, `optimistic`, `state_machine`, `bloom`) explains
+//! it in depth, with examples.
 //!
 //! # Pieces
 //!
@@ -44,6 +45,7 @@
 
 mod codec;
 mod error;
+mod inspect;
 mod key;
 pub mod observe;
 mod options;
@@ -57,6 +59,7 @@ pub mod testing;
 pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
+pub use inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};

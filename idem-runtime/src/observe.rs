@@ -269,7 +269,6 @@ pub fn describe_metrics() {
 /// Per-function metric keys, built once and kept for the life of the process.
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics_impl {
-    use std::cell::Cell;
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     use std::time::Duration;
@@ -340,21 +339,22 @@ pub(crate) mod metrics_impl {
     }
 
     /// The keys of a dedup function known only by its key's scope (the in-process
-    /// replay has no options at hand): a one-entry cache per thread, since a hot loop
-    /// replays one function.
+    /// replay has no options at hand). Scopes are `'static` strings, one per function,
+    /// so a small table indexed by the string's address finds them with one atomic load
+    /// and one comparison; a slot taken by another function falls back to the map.
     #[inline]
     pub(crate) fn keys_of_scope(scope: &'static str) -> &'static CallKeys {
-        thread_local! {
-            static LAST: Cell<Option<(&'static str, &'static CallKeys)>> = const { Cell::new(None) };
-        }
-        LAST.with(|last| match last.get() {
-            Some((s, keys)) if std::ptr::eq(s, scope) => keys,
-            _ => {
-                let keys = intern(scope, Strategy::Dedup);
-                last.set(Some((scope, keys)));
-                keys
+        type Slot = OnceLock<(&'static str, &'static CallKeys)>;
+        static SLOTS: [Slot; 64] = [const { OnceLock::new() }; 64];
+        let slot = &SLOTS[(scope.as_ptr() as usize >> 4) % SLOTS.len()];
+        match slot.get() {
+            Some((s, keys)) if std::ptr::eq(*s, scope) => keys,
+            Some(_) => intern(scope, Strategy::Dedup),
+            None => {
+                slot.get_or_init(|| (scope, intern(scope, Strategy::Dedup)))
+                    .1
             }
-        })
+        }
     }
 
     #[inline]

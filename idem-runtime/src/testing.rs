@@ -76,7 +76,12 @@ macro_rules! conformance_tests {
             token_consumed_once,
             token_invalid_and_expiry,
             token_err_returns_token,
-            issue_refuses_existing
+            issue_refuses_existing,
+            inspect_reports_each_state,
+            forget_removes_whatever_the_state,
+            forget_in_progress_makes_the_old_completion_a_lost_lease,
+            forget_wakes_waiters,
+            count_records_by_function_and_state
         );
     };
 }
@@ -165,7 +170,9 @@ fn ms(n: u64) -> Duration {
 pub mod cases {
     use super::*;
 
+    pub mod inspect;
     pub mod toolbox;
+    pub use inspect::*;
 
     static DEDUP: Options = Options::dedup("conformance::dedup");
 

@@ -1,5 +1,5 @@
 //! Redis cases taking turns: the baselines and idem's operations each run
-//! in [`ROUNDS`] short slices, one case after another, so a change of the machine's load
+//! in `ROUNDS` short slices, one case after another, so a change of the machine's load
 //! (it is shared with compilers and test suites) lands on every case alike instead of
 //! on one case and not its baseline. Each case's row sums its slices.
 //!
@@ -46,7 +46,7 @@ impl Case {
     }
 }
 
-/// Runs `cases` in turns for `secs` each (in total, over [`ROUNDS`] slices) with `tasks`
+/// Runs `cases` in turns for `secs` each (in total, over `ROUNDS` slices) with `tasks`
 /// concurrent tasks, and returns one row per case, in order.
 pub async fn run(mut cases: Vec<Case>, tasks: usize, secs: f64, server: Option<u32>) -> Vec<Row> {
     let slice = Duration::from_secs_f64(secs / f64::from(ROUNDS));

@@ -1,5 +1,6 @@
 //! The embedded store: records in process memory.
 
+mod operate;
 mod toolbox;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) use toolbox::Blooms;
@@ -19,7 +20,7 @@ use super::{
     BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner,
     StateStore, Store, Subscription, VersionedStore,
 };
-use crate::{Error, Fingerprint, Key};
+use crate::{Error, Fingerprint, Key, RecordInfo};
 
 /// Many small shards rather than a few large ones: a shard grows (and is swept) in one
 /// step under its lock, so its size bounds the longest wait of a call that meets it.
@@ -85,6 +86,8 @@ enum State {
         lease_until: Instant,
         /// For a claimed token: when the token itself expires, restored on release.
         token_expires: Option<Instant>,
+        /// A lock's fencing token (0 for dedup and token claims), for inspection.
+        fence: u64,
     },
     Completed {
         value: Bytes,
@@ -203,6 +206,7 @@ impl MemoryStore {
                         owner: req.owner,
                         lease_until,
                         token_expires: Some(token_expires),
+                        fence: 0,
                     };
                     e.expires_at = token_expires.max(lease_until);
                     e.fingerprint = req.fingerprint;
@@ -226,6 +230,7 @@ impl MemoryStore {
                     owner: req.owner,
                     lease_until,
                     token_expires: None,
+                    fence,
                 },
                 fingerprint: req.fingerprint,
                 expires_at: lease_until,
@@ -297,6 +302,7 @@ impl MemoryStore {
                 owner: o,
                 lease_until,
                 token_expires,
+                ..
             } if *o == owner && *lease_until > now => {
                 *lease_until = now + lease;
                 e.expires_at = token_expires.map_or(*lease_until, |t| t.max(*lease_until));
@@ -480,6 +486,14 @@ impl Store for MemoryStore {
 
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         ready(self.subscribe_now(key))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        ready(self.inspect_now(key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        ready(self.forget_now(key))
     }
 
     fn versioned(&self) -> Option<&dyn VersionedStore> {

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use crate::inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
 use crate::{Error, Key};
 
 mod claim;
@@ -109,6 +110,40 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Subscription::never())))
     }
 
+    /// The record under `key` as it is now, read in one atomic step that changes
+    /// nothing: its state, owner, lease and ttl left, whether a fingerprint is stored,
+    /// the value's size and a held lock's fence (see [`RecordInfo`]). `None`: no live
+    /// record. What [`Idem::inspect`](crate::Idem::inspect) and `idem inspect` show.
+    ///
+    /// The default answers [`Error::Unsupported`]; every built-in store implements it,
+    /// and the conformance suite checks it.
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "inspecting records (inspect)",
+        ))))
+    }
+
+    /// Removes the record under `key` whoever holds it, in one atomic step, wakes its
+    /// waiters, and returns whether there was a live one. Whoever held it can no longer
+    /// complete, release or renew it (their completion reads as a lost lease). A lock's
+    /// fencing counter survives, so the next holder's fence is still greater.
+    ///
+    /// The default answers [`Error::Unsupported`]; every built-in store implements it.
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "forgetting records (forget)",
+        ))))
+    }
+
+    /// Counting records by namespace, function and state ([`RecordCounts`]), for a
+    /// store that names its records by function (Redis, SQL; not the in-process store,
+    /// which keeps digests only). Default: `None`.
+    fn record_counts(&self) -> Option<&dyn RecordCounts> {
+        None
+    }
+
     /// Versioned values with compare-and-set (optimistic concurrency), if this store
     /// keeps them. Default: `None`, and the optimistic strategy answers
     /// [`Error::Unsupported`].
@@ -185,6 +220,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         (**self).subscribe(key)
+    }
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        (**self).inspect(key)
+    }
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        (**self).forget(key)
+    }
+    fn record_counts(&self) -> Option<&dyn RecordCounts> {
+        (**self).record_counts()
     }
     fn versioned(&self) -> Option<&dyn VersionedStore> {
         (**self).versioned()

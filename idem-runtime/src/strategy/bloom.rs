@@ -7,6 +7,8 @@
 //! any new id. What the filter adds is knowledge the exact record cannot give cheaply:
 //! whether an id was *ever* seen within the filter's lifetime, which may be far longer
 //! than the exact records are kept (see [`Verdict`]).
+//!
+#![doc = include_str!("guide/bloom.md")]
 
 use std::fmt;
 use std::future::Future;

@@ -2,6 +2,8 @@
 //!
 //! Token consumption is the same flow with a claim that only takes an issued token, so
 //! it lives here too.
+//!
+#![doc = include_str!("guide/dedup.md")]
 
 use std::future::Future;
 

@@ -1,4 +1,6 @@
 //! Lock: mutual exclusion per key with a fencing token; nothing is stored.
+//!
+#![doc = include_str!("guide/lock.md")]
 
 use std::future::Future;
 

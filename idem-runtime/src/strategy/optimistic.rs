@@ -6,6 +6,8 @@
 //! [`Idem::update`]) re-runs the whole read-compute-write with bounded attempts and
 //! jittered backoff. No lock is held while computing, so a slow or crashed writer never
 //! blocks the others; under heavy contention on one key, prefer a lock.
+//!
+#![doc = include_str!("guide/optimistic.md")]
 
 use std::fmt;
 use std::future::Future;

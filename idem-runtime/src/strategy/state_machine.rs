@@ -6,6 +6,8 @@
 //! retried request, a redelivered event) finds the key already at `to` and succeeds
 //! without effect. A body tied to a move ([`Idem::transition_with`]) runs only for the
 //! caller that performs it.
+//!
+#![doc = include_str!("guide/state_machine.md")]
 
 use std::collections::HashMap;
 use std::fmt;

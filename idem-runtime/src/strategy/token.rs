@@ -1,4 +1,6 @@
 //! One-time tokens: issue, then consume exactly once.
+//!
+#![doc = include_str!("guide/token.md")]
 
 use std::fmt::Write as _;
 use std::time::Duration;

@@ -53,6 +53,7 @@
 mod builder;
 mod connect;
 mod notify;
+mod operate;
 mod record;
 mod reply;
 mod store_impl;

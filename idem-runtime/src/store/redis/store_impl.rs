@@ -155,6 +155,21 @@ impl Store for RedisStore {
         })
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+        Box::pin(self.inspect_record(key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.forget_record(key))
+    }
+
+    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+        Some(self)
+    }
+
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         Box::pin(async move {
             let rec = self.record_name(key);

@@ -56,10 +56,12 @@ mod batch;
 mod caller_tx;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod operate;
 mod own_tx;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;
+mod reach;
 mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -80,6 +82,7 @@ pub use caller_tx::TxConn;
 pub use caller_tx::{TxBegun, TxClaim, tx_begin, tx_end};
 pub use own_tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
 pub use purge::PurgeTask;
+pub use reach::{Cause, Unreachable};
 
 /// The client crate, re-exported so that pools built by the application and the ones
 /// idem takes are always of the same sqlx version.
@@ -187,6 +190,7 @@ impl SqlStore {
         match scheme {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
+                reach_before_pool::<sqlx::postgres::PgConnectOptions>(url, "PostgreSQL").await?;
                 let pool = pool_options::<sqlx::Postgres>(16)
                     .connect(url)
                     .await
@@ -196,6 +200,7 @@ impl SqlStore {
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
+                reach_before_pool::<sqlx::mysql::MySqlConnectOptions>(&url, "MySQL").await?;
                 let pool = pool_options::<sqlx::MySql>(16)
                     .connect(&url)
                     .await
@@ -422,4 +427,20 @@ impl SqlStore {
             Backend::Sqlite(p) => p.close().await,
         }
     }
+}
+
+/// Before a pool is built (whose first connection would retry a refused server until
+/// its acquire timeout), one direct attempt names an unreachable server and why.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn reach_before_pool<O>(url: &str, backend: &'static str) -> Result<(), Error>
+where
+    O: sqlx::ConnectOptions + std::str::FromStr<Err = sqlx::Error>,
+    O::Connection: Sized,
+{
+    let opts: O = url
+        .parse()
+        .map_err(|e| Error::Config(format!("bad {backend} url: {e}")))?;
+    reach::probe(&opts, backend, reach::server_of(url), DEFAULT_TIMEOUT)
+        .await
+        .map_err(Error::store)
 }

@@ -15,6 +15,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlSafeStr};
 
 use super::batch::Job;
+use super::operate::Inspected;
 use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
@@ -509,4 +510,90 @@ pub(super) async fn purge(pool: &PgPool, batch: i64) -> Result<u64, Error> {
         .await
         .map_err(Error::store)?;
     Ok(r.rows_affected())
+}
+
+// ---- Operator statements (inspect, forget, stats): one statement each. ----
+
+const INSPECT: &str = concat!(
+    "WITH t AS (SELECT ",
+    now!(),
+    " AS now)
+SELECT r.kind, r.state, r.owner, r.fence,
+    (r.fingerprint IS NOT NULL)::int4::int8 AS has_fingerprint,
+    octet_length(r.value)::int8 AS value_len,
+    r.expires_us - t.now AS ttl_left_us, r.lease_us - t.now AS lease_left_us
+FROM idem_records r, t
+WHERE r.id = $1 AND r.state <> 0 AND r.expires_us > t.now"
+);
+
+pub(super) async fn inspect(pool: &PgPool, key: &Key) -> Result<Option<Inspected>, Error> {
+    let row = sqlx::query(INSPECT)
+        .bind(&key.digest()[..])
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    row.map(|r| inspected(key, &r)).transpose()
+}
+
+fn inspected(key: &Key, row: &PgRow) -> Result<Inspected, Error> {
+    let get = || -> Result<Inspected, sqlx::Error> {
+        Ok(Inspected {
+            kind: row.try_get("kind")?,
+            state: row.try_get("state")?,
+            owner: row.try_get("owner")?,
+            fence: row.try_get("fence")?,
+            has_fingerprint: row.try_get("has_fingerprint")?,
+            value_len: row.try_get("value_len")?,
+            ttl_left_us: row.try_get("ttl_left_us")?,
+            lease_left_us: row.try_get("lease_left_us")?,
+        })
+    };
+    get().map_err(|e| sql_err(Some(key), e))
+}
+
+/// Frees the row whoever holds it: a lock keeps its row (and so its fence) for
+/// `LOCK_RETENTION`; anything else is left to expire now.
+const FORGET: &str = concat!(
+    "WITH t AS (SELECT ",
+    now!(),
+    " AS now)
+UPDATE idem_records r SET
+    state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
+    token_expires_us = NULL,
+    expires_us = CASE WHEN r.kind = 1 THEN t.now + $2 ELSE t.now END
+FROM t
+WHERE r.id = $1 AND r.state <> 0 AND r.expires_us > t.now"
+);
+
+pub(super) async fn forget(pool: &PgPool, key: &Key) -> Result<bool, Error> {
+    let r = sqlx::query(FORGET)
+        .bind(&key.digest()[..])
+        .bind(us(LOCK_RETENTION))
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const COUNT: &str = concat!(
+    "SELECT namespace, scope, state, COUNT(*)::int8 AS n FROM idem_records
+WHERE state <> 0 AND expires_us > ",
+    now!(),
+    " AND ($1::text IS NULL OR namespace = $1)
+GROUP BY namespace, scope, state"
+);
+
+pub(super) async fn count(
+    pool: &PgPool,
+    namespace: Option<&str>,
+) -> Result<Vec<(String, String, i16, i64)>, Error> {
+    let rows = sqlx::query(COUNT)
+        .bind(namespace)
+        .fetch_all(pool)
+        .await
+        .map_err(Error::store)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Error::store)
 }

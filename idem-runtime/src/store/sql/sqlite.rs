@@ -13,6 +13,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Row, SqlSafeStr};
 
+use super::operate::Inspected;
 use super::{
     FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes,
     sql_err, us,
@@ -318,4 +319,91 @@ pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
         .await
         .map_err(Error::store)?;
     Ok(r.rows_affected())
+}
+
+// ---- Operator statements (inspect, forget, stats): one statement each. ----
+
+const INSPECT: &str = concat!(
+    "SELECT kind, state, owner, fence,
+    (fingerprint IS NOT NULL) AS has_fingerprint, length(value) AS value_len,
+    expires_us - ",
+    now!(),
+    " AS ttl_left_us, lease_us - ",
+    now!(),
+    " AS lease_left_us
+FROM idem_records WHERE id = ?1 AND state <> 0 AND expires_us > ",
+    now!()
+);
+
+pub(super) async fn inspect(pool: &SqlitePool, key: &Key) -> Result<Option<Inspected>, Error> {
+    let row = sqlx::query(INSPECT)
+        .bind(&key.digest()[..])
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    row.map(|r| inspected(key, &r)).transpose()
+}
+
+fn inspected(key: &Key, row: &SqliteRow) -> Result<Inspected, Error> {
+    let get = || -> Result<Inspected, sqlx::Error> {
+        Ok(Inspected {
+            kind: row.try_get("kind")?,
+            state: row.try_get("state")?,
+            owner: row.try_get("owner")?,
+            fence: row.try_get("fence")?,
+            has_fingerprint: row.try_get("has_fingerprint")?,
+            value_len: row.try_get("value_len")?,
+            ttl_left_us: row.try_get("ttl_left_us")?,
+            lease_left_us: row.try_get("lease_left_us")?,
+        })
+    };
+    get().map_err(|e| sql_err(Some(key), e))
+}
+
+/// Frees the row whoever holds it: a lock keeps its row (and so its fence) for
+/// `LOCK_RETENTION`; anything else is left to expire now.
+const FORGET: &str = concat!(
+    "UPDATE idem_records SET
+    expires_us = CASE WHEN kind = 1 THEN ",
+    now!(),
+    " + ?2 ELSE ",
+    now!(),
+    " END,
+    state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
+    token_expires_us = NULL
+WHERE id = ?1 AND state <> 0 AND expires_us > ",
+    now!()
+);
+
+pub(super) async fn forget(pool: &SqlitePool, key: &Key) -> Result<bool, Error> {
+    let r = sqlx::query(FORGET)
+        .bind(&key.digest()[..])
+        .bind(us(LOCK_RETENTION))
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const COUNT: &str = concat!(
+    "SELECT namespace, scope, state, COUNT(*) AS n FROM idem_records
+WHERE state <> 0 AND expires_us > ",
+    now!(),
+    " AND (?1 IS NULL OR namespace = ?1)
+GROUP BY namespace, scope, state"
+);
+
+pub(super) async fn count(
+    pool: &SqlitePool,
+    namespace: Option<&str>,
+) -> Result<Vec<(String, String, i16, i64)>, Error> {
+    let rows = sqlx::query(COUNT)
+        .bind(namespace)
+        .fetch_all(pool)
+        .await
+        .map_err(Error::store)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Error::store)
 }

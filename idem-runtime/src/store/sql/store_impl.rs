@@ -80,17 +80,40 @@ impl Default for PgBatches {
 }
 
 impl SqlStore {
+    /// Bounds a store call by the timeout; a call with no answer after a moment looks
+    /// at the server itself, so a database that refuses connections is reported at once
+    /// with its address and the cause (see [`Unreachable`](super::Unreachable)).
     pub(super) async fn bounded<T>(
         &self,
         fut: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::store(format!(
-                "{} store call timed out after {:?}",
-                self.backend_name(),
-                self.timeout
-            ))),
+        super::reach::bounded(self.timeout, self.backend_name(), fut, |within| {
+            self.probe(within)
+        })
+        .await
+    }
+
+    /// One connection attempt beside the pool, to name why the server is unreachable.
+    async fn probe(&self, within: Duration) -> Result<(), super::Unreachable> {
+        match &self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => {
+                let o = p.connect_options();
+                let server = format!("{}:{}", o.get_host(), o.get_port());
+                super::reach::probe(&*o, "PostgreSQL", server, within).await
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql { pool, .. } => {
+                let o = pool.connect_options();
+                let server = format!("{}:{}", o.get_host(), o.get_port());
+                super::reach::probe(&*o, "MySQL", server, within).await
+            }
+            // A file: the pool fails at once with the file's own error.
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => {
+                let _ = within;
+                Ok(())
+            }
         }
     }
 
@@ -313,6 +336,47 @@ impl Store for SqlStore {
         }))
     }
 
+    fn inspect<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+        Box::pin(self.bounded(async move {
+            let row = match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::inspect(p, key).await?,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, .. } => mysql::inspect(pool, key).await?,
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::inspect(p, key).await?,
+            };
+            row.map(|r| r.into_info(key)).transpose()
+        }))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let done = self
+                .bounded(async {
+                    match &self.backend {
+                        #[cfg(feature = "postgres")]
+                        Backend::Postgres(p) => postgres::forget(p, key).await,
+                        #[cfg(feature = "mysql")]
+                        Backend::MySql { pool, .. } => mysql::forget(pool, key).await,
+                        #[cfg(feature = "sqlite")]
+                        Backend::Sqlite(p) => sqlite::forget(p, key).await,
+                    }
+                })
+                .await?;
+            // Waiters in this process claim again at once; others poll.
+            self.watchers.wake(key);
+            Ok(done)
+        })
+    }
+
+    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+        Some(self)
+    }
+
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
         let mut rx = self.watchers.subscribe(key);
         Box::pin(std::future::ready(Ok(Subscription::new(async move {
@@ -353,5 +417,24 @@ impl Store for SqlStore {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => "sql-sqlite",
         }
+    }
+}
+
+impl crate::RecordCounts for SqlStore {
+    fn count_records<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<crate::RecordCount>, Error>> {
+        Box::pin(self.bounded(async move {
+            let rows = match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(p) => postgres::count(p, namespace).await?,
+                #[cfg(feature = "mysql")]
+                Backend::MySql { pool, .. } => mysql::count(pool, namespace).await?,
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(p) => sqlite::count(p, namespace).await?,
+            };
+            Ok(super::operate::counts(rows))
+        }))
     }
 }

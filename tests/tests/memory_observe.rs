@@ -227,9 +227,9 @@ fn triple(f: &str, s: &str, o: &str) -> (String, String, String) {
     (f.to_owned(), s.to_owned(), o.to_owned())
 }
 
-/// The path the attribute gives a function of this test crate.
+/// The path the attribute gives a function of this test crate (its root module).
 fn path(f: &str) -> String {
-    format!("observe::{f}")
+    format!("{}::{f}", module_path!())
 }
 
 // ---- functions under test ----
@@ -371,7 +371,8 @@ fn every_call_is_one_idem_span_with_its_outcome() {
     // The same calls, counted.
     let calls = |f: &str, s: &str, o: &str| {
         recorded.counter(&format!(
-            "idem_calls_total{{function=\"observe::{f}\",strategy=\"{s}\",outcome=\"{o}\"}}"
+            "idem_calls_total{{function=\"{}\",strategy=\"{s}\",outcome=\"{o}\"}}",
+            path(f)
         ))
     };
     assert_eq!(calls("charge", "dedup", "ran"), 1);

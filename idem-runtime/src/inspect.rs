@@ -1,0 +1,200 @@
+//! Seeing and steering single records: [`Idem::inspect`], [`Idem::forget`], and the
+//! counts behind `idem stats`.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::store::{BoxFuture, ClaimKind, Owner};
+use crate::{Error, Idem, Key, Options};
+
+/// Where a record is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// A call holds it (a running dedup body, a held lock, a token being consumed).
+    InProgress,
+    /// The call finished; its result is kept until the ttl ends.
+    Completed,
+    /// A one-time token waiting to be consumed.
+    Issued,
+}
+
+impl RecordState {
+    /// `in_progress`, `completed` or `issued`: the name the CLI and `--json` print.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::InProgress => "in_progress",
+            RecordState::Completed => "completed",
+            RecordState::Issued => "issued",
+        }
+    }
+}
+
+impl fmt::Display for RecordState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one record holds, as [`Idem::inspect`] (or [`Store::inspect`](crate::Store::inspect))
+/// reports it. Times are left by the store's clock when it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordInfo {
+    /// The state.
+    pub state: RecordState,
+    /// Which strategy wrote it, when the store keeps that (`None`: a completed or issued
+    /// record whose kind the store does not keep).
+    pub kind: Option<ClaimKind>,
+    /// Who holds it (in progress only): unique per call; the high 64 bits are the same
+    /// for every call of one process.
+    pub owner: Option<Owner>,
+    /// How long the holder's lease runs unless renewed (in progress only).
+    pub lease_left: Option<Duration>,
+    /// How long until the record disappears (for an in-progress dedup or lock claim, the
+    /// end of its lease; for a claimed token, the token's own deadline).
+    pub ttl_left: Option<Duration>,
+    /// Whether a payload fingerprint is stored with it.
+    pub fingerprint: bool,
+    /// Bytes of the stored result (completed only), as the store keeps them.
+    pub value_size: Option<usize>,
+    /// The fencing token of the lock holder (locks in progress only), when the store
+    /// keeps it per key.
+    pub fence: Option<u64>,
+}
+
+impl RecordInfo {
+    /// A record in `state` with nothing else known; fill the rest with the fields.
+    pub fn new(state: RecordState) -> Self {
+        RecordInfo {
+            state,
+            kind: None,
+            owner: None,
+            lease_left: None,
+            ttl_left: None,
+            fingerprint: false,
+            value_size: None,
+            fence: None,
+        }
+    }
+}
+
+/// How many records one function has in one state: a row of [`Store::count_records`](crate::Store::count_records).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub struct RecordCount {
+    /// The namespace.
+    pub namespace: String,
+    /// The function's path ([`TOKEN_SCOPE`](crate::TOKEN_SCOPE) for tokens).
+    pub function: String,
+    /// `in_progress`, `completed`, `issued`, or `corrupt` for records that do not parse.
+    pub state: String,
+    /// How many.
+    pub count: u64,
+}
+
+impl RecordCount {
+    /// A row.
+    pub fn new(
+        namespace: impl Into<String>,
+        function: impl Into<String>,
+        state: impl Into<String>,
+        count: u64,
+    ) -> Self {
+        RecordCount {
+            namespace: namespace.into(),
+            function: function.into(),
+            state: state.into(),
+            count,
+        }
+    }
+}
+
+/// Counting records by namespace, function and state, as `idem stats` shows them: a
+/// capability of stores that name records by function ([`Store::record_counts`](crate::Store::record_counts)).
+pub trait RecordCounts: Send + Sync {
+    /// Live records of `namespace` (every namespace if `None`), one row per function
+    /// and state. Reads in bounded batches (Redis `SCAN`, never `KEYS`) or one
+    /// `GROUP BY` (SQL); a store under writes gives an approximate snapshot.
+    fn count_records<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RecordCount>, Error>>;
+}
+
+impl Idem {
+    /// The record of `key` under `opts` in this runtime's namespace, read in one atomic
+    /// step: its state, owner, lease and ttl left, whether a fingerprint is stored, the
+    /// value's size, and the fence of a held lock. `None`: no live record (never
+    /// written, released, or expired by the store's clock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Idem, Options, RecordState};
+    /// static CHARGE: Options = Options::dedup("shop::charge");
+    /// let idem = Idem::builder().namespace("shop").build();
+    /// assert!(idem.inspect(&CHARGE, "order-42").await?.is_none());
+    /// idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(100u64) }).await?;
+    /// let info = idem.inspect(&CHARGE, "order-42").await?.expect("completed");
+    /// assert_eq!(info.state, RecordState::Completed);
+    /// assert!(info.value_size.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(
+        &self,
+        opts: &Options,
+        key: impl fmt::Display,
+    ) -> Result<Option<RecordInfo>, Error> {
+        let key = self.record_key(opts, key);
+        self.store().inspect(&key).await
+    }
+
+    /// Removes the record of `key` under `opts`, whoever holds it, in one atomic step,
+    /// and returns whether there was one. Logged at `warn`.
+    ///
+    /// Forgetting a completed record makes the next call run the body again. Forgetting
+    /// one in progress lets the next caller run at once, while the old holder may still
+    /// be running: its completion is then refused (counted as a lost lease), so its
+    /// result is not recorded. Safe when the holder is known to be gone (crashed, or
+    /// stuck past any use), or when running the body twice is harmless.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Idem, Options};
+    /// static CHARGE: Options = Options::dedup("shop::charge");
+    /// let idem = Idem::builder().namespace("shop").build();
+    /// idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(1u64) }).await?;
+    /// assert!(idem.forget(&CHARGE, "order-42").await?);
+    /// let again: u64 = idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(2) }).await?;
+    /// assert_eq!(again, 2); // ran again
+    /// # Ok(()) }
+    /// ```
+    pub async fn forget(&self, opts: &Options, key: impl fmt::Display) -> Result<bool, Error> {
+        let key = self.record_key(opts, key);
+        let forgotten = self.store().forget(&key).await?;
+        tracing::warn!(%key, forgotten, "idem: record forgotten by an operator");
+        Ok(forgotten)
+    }
+
+    /// The record a call with the rendered `key` under `opts` uses: [`Idem::key`], or
+    /// for token options the token's record (tokens live in the shared
+    /// [`TOKEN_SCOPE`](crate::TOKEN_SCOPE)). On a shared store this is the same key in
+    /// every process, so an operator's tool finds the record a service wrote from the
+    /// function path a log line prints and the key the customer gave.
+    ///
+    /// ```
+    /// use idem_runtime::{Idem, Options};
+    /// static CHARGE: Options = Options::dedup("app::charge");
+    /// let idem = Idem::builder().namespace("shop").build();
+    /// let key = idem.record_key(&CHARGE, "charge:42");
+    /// assert!(key.to_string().starts_with("shop/app::charge#"));
+    /// ```
+    pub fn record_key(&self, opts: &Options, key: impl fmt::Display) -> Key {
+        match opts.strategy() {
+            crate::Strategy::Token => self.token_key(&key.to_string()),
+            _ => self.key(opts, format_args!("{key}")),
+        }
+    }
+}

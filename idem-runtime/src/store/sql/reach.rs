@@ -1,0 +1,251 @@
+//! Why a database cannot be reached: which server, and what went wrong (refused, name
+//! lookup, authentication, TLS, no answer), instead of a bare "pool timed out".
+//!
+//! sqlx's pool retries a refused connection until its acquire timeout and then reports
+//! only `PoolTimedOut`. So a store call that has no answer after [`PROBE_AFTER`] opens
+//! one connection of its own beside the pool: if that fails for a reason that waiting
+//! will not fix, the call fails at once with [`Unreachable`] naming the server and the
+//! cause; if it connects, the database is up but busy, and the call keeps waiting.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::Error;
+
+/// How long a store call waits for the pool before looking at the server itself.
+pub(super) const PROBE_AFTER: Duration = Duration::from_millis(300);
+
+/// Why a connection could not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// Nothing listens there (the server is down, or the host or port is wrong).
+    Refused,
+    /// The host name does not resolve.
+    Dns,
+    /// The server rejected the user or password.
+    Auth,
+    /// The server has no such database.
+    NoDatabase,
+    /// The TLS handshake failed.
+    Tls,
+    /// The server did not answer in time.
+    Timeout,
+    /// Anything else (see the message).
+    Other,
+}
+
+impl Cause {
+    fn describe(self) -> &'static str {
+        match self {
+            Cause::Refused => "connection refused (is the server running and listening there?)",
+            Cause::Dns => "the host name does not resolve",
+            Cause::Auth => "authentication failed (user or password)",
+            Cause::NoDatabase => "the database does not exist",
+            Cause::Tls => "the TLS handshake failed",
+            Cause::Timeout => "no answer in time",
+            Cause::Other => "the connection failed",
+        }
+    }
+}
+
+/// A database idem could not connect to: the source of [`Error::Store`] when that is
+/// why a call failed.
+///
+/// ```
+/// # use idem_runtime::store::sql::{Cause, Unreachable};
+/// fn explain(e: &idem_runtime::Error) -> Option<Cause> {
+///     let idem_runtime::Error::Store(source) = e else { return None };
+///     source.downcast_ref::<Unreachable>().map(Unreachable::cause)
+/// }
+/// # let _ = explain;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Unreachable {
+    backend: &'static str,
+    server: String,
+    cause: Cause,
+    detail: String,
+}
+
+impl Unreachable {
+    /// `PostgreSQL`, `MySQL` or `SQLite`.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+    /// `host:port`, or the database file.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+    /// Why.
+    pub fn cause(&self) -> Cause {
+        self.cause
+    }
+}
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot connect to {} at {}: {} ({})",
+            self.backend,
+            self.server,
+            self.cause.describe(),
+            self.detail
+        )
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// The cause of a failed connection attempt, if it is one waiting will not fix.
+fn classify(e: &sqlx::Error) -> Option<Cause> {
+    let text = e.to_string().to_ascii_lowercase();
+    match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Some(Cause::Refused)
+        }
+        sqlx::Error::Io(_) if text.contains("lookup") || text.contains("resolve") => {
+            Some(Cause::Dns)
+        }
+        sqlx::Error::Io(_) => Some(Cause::Other),
+        sqlx::Error::Tls(_) => Some(Cause::Tls),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // PostgreSQL invalid_password / invalid_authorization_specification;
+            // MySQL access denied.
+            Some("28P01" | "28000" | "1045" | "1698") => Some(Cause::Auth),
+            // PostgreSQL invalid_catalog_name; MySQL unknown database.
+            Some("3D000" | "1049") => Some(Cause::NoDatabase),
+            // The server is starting up or full: waiting may fix it.
+            Some("57P03" | "53300" | "1040") => None,
+            _ => Some(Cause::Other),
+        },
+        sqlx::Error::Configuration(_) => Some(Cause::Other),
+        _ => None,
+    }
+}
+
+/// One connection attempt with `options`, outside the pool, bounded by `within`.
+/// `Err` names the server and the cause when it failed for a reason waiting will not
+/// fix; a server that is up (or merely slow) is `Ok`.
+pub(super) async fn probe<O>(
+    options: &O,
+    backend: &'static str,
+    server: String,
+    within: Duration,
+) -> Result<(), Unreachable>
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    let unreachable = |cause, detail: String| Unreachable {
+        backend,
+        server: server.clone(),
+        cause,
+        detail,
+    };
+    match tokio::time::timeout(within, options.connect()).await {
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+            Ok(())
+        }
+        Ok(Err(e)) => match classify(&e) {
+            Some(cause) => Err(unreachable(cause, e.to_string())),
+            None => Ok(()),
+        },
+        Err(_) => Err(unreachable(
+            Cause::Timeout,
+            format!("no connection within {within:?}"),
+        )),
+    }
+}
+
+/// Runs a store call bounded by `timeout`. If it has no answer after [`PROBE_AFTER`],
+/// `probe` looks at the server beside it; a definitive failure ends the call at once
+/// with that cause. A call that runs out of time says whether the server was reachable.
+pub(super) async fn bounded<T, P>(
+    timeout: Duration,
+    backend: &'static str,
+    call: impl Future<Output = Result<T, Error>>,
+    probe: impl FnOnce(Duration) -> P,
+) -> Result<T, Error>
+where
+    P: Future<Output = Result<(), Unreachable>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut call = std::pin::pin!(call);
+    if let Ok(r) = tokio::time::timeout(PROBE_AFTER.min(timeout), call.as_mut()).await {
+        return r;
+    }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let probe = probe(left);
+    tokio::select! {
+        r = tokio::time::timeout_at(deadline, call.as_mut()) => match r {
+            Ok(r) => r,
+            Err(_) => Err(Error::store(format!(
+                "{backend} store call timed out after {timeout:?} (the server accepts \
+                 connections: it is busy, or a row is locked)"
+            ))),
+        },
+        Err(unreachable) = probe => Err(Error::store(unreachable)),
+    }
+}
+
+/// `host:port` of a URL, without user or password, for messages.
+pub(super) fn server_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_are_named_without_credentials() {
+        assert_eq!(
+            server_of("postgres://u:secret@db.internal:5432/shop"),
+            "db.internal:5432"
+        );
+        assert_eq!(
+            server_of("mysql://root@127.0.0.1:3306/test?ssl-mode=disabled"),
+            "127.0.0.1:3306"
+        );
+        assert_eq!(server_of("postgres://localhost/test"), "localhost");
+    }
+
+    #[test]
+    fn causes_are_classified() {
+        let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(classify(&refused), Some(Cause::Refused));
+        let dns = sqlx::Error::Io(std::io::Error::other(
+            "failed to lookup address information: Name or service not known",
+        ));
+        assert_eq!(classify(&dns), Some(Cause::Dns));
+        assert_eq!(classify(&sqlx::Error::PoolTimedOut), None);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_refused_server_fails_fast_with_its_cause() {
+        // Nothing listens on port 1 of loopback.
+        let opts: sqlx::postgres::PgConnectOptions = "postgres://postgres@127.0.0.1:1/test"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r: Result<(), Error> = bounded(
+            Duration::from_secs(30),
+            "PostgreSQL",
+            std::future::pending(),
+            |left| async move { probe(&opts, "PostgreSQL", "127.0.0.1:1".into(), left).await },
+        )
+        .await;
+        let msg = r.map_err(|e| e.to_string()).err().unwrap_or_default();
+        // The call never answers: only the probe can have ended it, with the cause.
+        assert!(
+            msg.contains("127.0.0.1:1") && msg.contains("refused"),
+            "{msg}"
+        );
+    }
+}
