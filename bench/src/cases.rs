@@ -10,7 +10,7 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::args::Args;
 use crate::report::Report;
-use crate::{consumer, footprint, guarantees, peers, redis, scaling, sql, work};
+use crate::{consumer, footprint, guarantees, http, peers, redis, scaling, sql, work};
 
 /// One case family.
 pub struct Family {
@@ -47,6 +47,11 @@ pub const FAMILIES: &[Family] = &[
         name: "consumer",
         about: "idem's consumer rules against a bare ack-only consumer on NATS and RabbitMQ",
         run: |a, r| Box::pin(consumer::run(a, r)),
+    },
+    Family {
+        name: "http",
+        about: "requests/s through idem-http's layer against the same axum app without it",
+        run: |a, r| Box::pin(http::run(a, r)),
     },
     Family {
         name: "guarantees",

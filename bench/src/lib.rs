@@ -32,6 +32,7 @@ pub mod work;
 pub mod consumer;
 pub mod footprint;
 pub mod guarantees;
+pub mod http;
 pub mod peers;
 pub mod redis;
 pub mod scaling;

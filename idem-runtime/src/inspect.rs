@@ -79,7 +79,7 @@ impl RecordInfo {
     }
 }
 
-/// How many records one function has in one state: a row of [`Store::count_records`](crate::Store::count_records).
+/// How many records one function has in one state: a row of [`RecordCounts::count_records`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub struct RecordCount {

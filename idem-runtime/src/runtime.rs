@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::codec::{CloneReplay, Codec, ReplayOk};
+use crate::codec::{Codec, ReplayOk};
 use crate::key::{Digest, KeyWriter};
-use crate::options::Strategy;
 use crate::store::memory::MemoryStore;
 use crate::store::{ClaimKind, Store};
 use crate::strategy::{dedup, lock, token};
@@ -354,88 +353,5 @@ impl Idem {
 
     pub(crate) fn count_store_failure(&self) {
         self.inner.store_failures.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Entry points the `#[idempotent]` expansion calls. Not a public API.
-#[doc(hidden)]
-pub(crate) mod private {
-    use super::*;
-
-    /// Dedup, as expanded from the attribute. Returns the strategy's future itself, so the
-    /// expansion awaits one future, not a wrapper around it.
-    pub fn dedup<C, T, E, F>(
-        rt: Current,
-        opts: &'static Options,
-        key: Key,
-        fp: Option<Fingerprint>,
-        reuse: Option<CloneReplay<T>>,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        C: Codec<T, E>,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        debug_assert_eq!(opts.strategy, Strategy::Dedup);
-        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, reuse, body)
-    }
-
-    /// A replay answered on the spot from a decoded value kept beside the record by an
-    /// in-process store (see [`CloneReplay`]), before any claim or future is built.
-    /// `None`: take the normal path (which decodes, and keeps the value for next time).
-    #[inline]
-    pub fn replay_now<T, E: From<Error>>(
-        rt: &Idem,
-        key: &Key,
-        fp: Option<Fingerprint>,
-        reuse: Option<CloneReplay<T>>,
-    ) -> Option<Result<T, E>> {
-        let reuse = reuse?;
-        let mut found: Option<Result<T, Error>> = None;
-        rt.store().local()?.peek_memo(key, &mut |stored, memo| {
-            found = match crate::key::check_fingerprint(key, fp, stored) {
-                Err(e) => Some(Err(e)),
-                Ok(()) => reuse.get(memo).map(Ok),
-            };
-        });
-        let outcome = match found.as_ref()? {
-            Ok(_) => crate::observe::Outcome::Replayed,
-            Err(_) => crate::observe::Outcome::Mismatch,
-        };
-        crate::observe::answered_now(key, outcome);
-        // The caller's error conversion runs here, outside the store's lock.
-        found.map(|r| r.map_err(E::from))
-    }
-
-    /// Token consumption, as expanded from the attribute.
-    pub fn token<C, T, E, F>(
-        rt: Current,
-        opts: &'static Options,
-        key: Key,
-        fp: Option<Fingerprint>,
-        reuse: Option<CloneReplay<T>>,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        C: Codec<T, E>,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, reuse, body)
-    }
-
-    /// Lock, as expanded from the attribute.
-    pub fn lock<T, E, F>(
-        rt: Current,
-        opts: &'static Options,
-        key: Key,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        lock::run(rt, opts, key, body)
     }
 }

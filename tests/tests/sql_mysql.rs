@@ -13,8 +13,7 @@ mod support;
 use idem_runtime::store::sql::sqlx::MySqlPool;
 
 fn url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    support::mysql_url()
 }
 
 /// Fails loudly, saying how to start the server, if MariaDB is not there.

@@ -12,8 +12,7 @@ mod support;
 use idem_runtime::store::sql::sqlx::PgPool;
 
 fn url() -> String {
-    std::env::var("IDEM_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    support::pg_url()
 }
 
 /// Fails loudly, saying how to start the server, if PostgreSQL is not there.

@@ -7,21 +7,14 @@
 //! `IDEM_TEST_MYSQL_URL` override the URLs. SQLite uses a file in the temp directory.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/sql.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
 use idem_runtime::{Error, Idem, Optimistic, Retry, SqlStore, Store, retry_on_conflict};
-
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn mysql_url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
 
 fn sqlite_url() -> String {
     let path = std::env::temp_dir().join(format!("idem-sqlite-toolbox-{}.db", std::process::id()));
@@ -43,14 +36,14 @@ const MYSQL_START: &str = "service mariadb start (or set IDEM_TEST_MYSQL_URL)";
 
 mod postgres {
     idem_runtime::toolbox_conformance_tests!(toolbox, || async {
-        std::sync::Arc::new(crate::connect(crate::pg_url(), crate::PG_START).await)
+        std::sync::Arc::new(crate::connect(crate::support::pg_url(), crate::PG_START).await)
             as std::sync::Arc<dyn idem_runtime::Store>
     });
 }
 
 mod mysql {
     idem_runtime::toolbox_conformance_tests!(toolbox, || async {
-        std::sync::Arc::new(crate::connect(crate::mysql_url(), crate::MYSQL_START).await)
+        std::sync::Arc::new(crate::connect(crate::support::mysql_url(), crate::MYSQL_START).await)
             as std::sync::Arc<dyn idem_runtime::Store>
     });
 }
@@ -75,7 +68,7 @@ fn runtime() -> tokio::runtime::Runtime {
 #[test]
 fn recipe_on_own_table_postgres() {
     runtime().block_on(async {
-        let store = connect(pg_url(), PG_START).await;
+        let store = connect(support::pg_url(), PG_START).await;
         let pool = store.pg_pool().expect("postgres").clone();
         let table = format!("accounts_{:x}", idem_runtime::Owner::next().0 as u64);
         sqlx::query(AssertSqlSafe(format!(

@@ -299,16 +299,6 @@ macro_rules! on_store {
     };
 }
 
-fn pg_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-fn mysql_url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
-
 /// One SQLite file per test binary run, shared by its tests as processes would.
 fn sqlite_url() -> String {
     static PATH: LazyLock<String> = LazyLock::new(|| {
@@ -346,12 +336,12 @@ on_store!(redis, || async {
 });
 
 on_store!(postgres, || crate::sql(
-    crate::pg_url(),
+    crate::support::pg_url(),
     "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start (or set IDEM_TEST_PG_URL)"
 ));
 
 on_store!(mysql, || crate::sql(
-    crate::mysql_url(),
+    crate::support::mysql_url(),
     "service mariadb start (or set IDEM_TEST_MYSQL_URL)"
 ));
 

@@ -84,6 +84,8 @@ pub struct Shop {
     /// Handlers that started; a slow handler counts here before it sleeps.
     pub started: AtomicU64,
     pub started_note: Notify,
+    /// Every handler sleeps this long (milliseconds; 0: only when asked).
+    pub sleep_ms: AtomicU64,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -107,7 +109,11 @@ async fn pay(
 ) -> Response {
     shop.started.fetch_add(1, Ordering::SeqCst);
     shop.started_note.notify_waiters();
-    if let Some(ms) = ask.sleep_ms {
+    let ms = ask
+        .sleep_ms
+        .unwrap_or(0)
+        .max(shop.sleep_ms.load(Ordering::SeqCst));
+    if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let run = shop.runs.fetch_add(1, Ordering::SeqCst) + 1;
@@ -139,6 +145,14 @@ async fn pay(
     (status, h, body).into_response()
 }
 
+/// `GET /stats`: how many handlers started and completed in this process.
+async fn stats(State(shop): State<Arc<Shop>>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({
+        "started": shop.started.load(Ordering::SeqCst),
+        "runs": shop.runs.load(Ordering::SeqCst),
+    }))
+}
+
 /// The test app behind `layer`.
 pub fn app(layer: IdempotencyLayer) -> (Router, Arc<Shop>) {
     let shop = Arc::new(Shop::default());
@@ -146,6 +160,7 @@ pub fn app(layer: IdempotencyLayer) -> (Router, Arc<Shop>) {
         .route("/payments", post(pay).get(|| async { "listing" }))
         .route("/refunds", post(pay))
         .route("/token", layer.token_route())
+        .route("/stats", get(stats))
         .with_state(shop.clone())
         .layer(layer);
     (router, shop)

@@ -89,8 +89,7 @@ impl Retry {
 /// [`Retry::DEFAULT`], except that a `backoff` above the default cap raises the cap to it
 /// and a `max_backoff` below the default base lowers the base to it (the macro refuses
 /// both given the wrong way round).
-#[doc(hidden)]
-pub const fn attribute_policy(
+pub(crate) const fn attribute_policy(
     attempts: Option<u32>,
     base: Option<Duration>,
     max: Option<Duration>,

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::runtime::Current;
 use crate::store::{
     BoxFuture, Owner, Settle, StateStore, Store, TransitionOutcome, TransitionRequest,
 };
@@ -425,25 +424,6 @@ impl Idem {
         let key = self.state_key(machine, key);
         run_move(self, machine, key, to, body)
     }
-}
-
-/// `#[transition(...)]`'s entry point: the move and its body on the current runtime, `key`
-/// already rendered with [`Idem::state_key`]. Returns the move's future itself, so the
-/// expansion awaits one future, not a wrapper around it.
-#[doc(hidden)]
-pub fn attribute_move<'a, T, E, F>(
-    rt: Current,
-    machine: &'a StateMachine,
-    key: Key,
-    to: &'static str,
-    body: F,
-) -> impl Future<Output = Result<Step<T>, E>> + 'a
-where
-    E: From<Error> + 'a,
-    F: Future<Output = Result<T, E>> + 'a,
-    T: 'a,
-{
-    run_move(rt, machine, key, to, body)
 }
 
 /// The state-machine move with a body: `key` already rendered under the machine's name.

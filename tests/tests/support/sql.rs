@@ -7,6 +7,18 @@
 
 use std::time::Duration;
 
+/// The PostgreSQL the tests use: `IDEM_TEST_PG_URL`, or the server on its usual port.
+pub(crate) fn pg_url() -> String {
+    std::env::var("IDEM_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// The MariaDB/MySQL the tests use: `IDEM_TEST_MYSQL_URL`, or the server on its usual port.
+pub(crate) fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
 /// A namespace no other test (or earlier run) uses.
 pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}-{:032x}", idem_runtime::Owner::next().0)

@@ -6,10 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Value;
 
-use super::RedisStore;
 use super::record::{ceil_millis, hex32, in_progress};
 use super::reply::{parse_claim, parse_completed};
-use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Fingerprint, Key};
 
 /// `rediss://` builds a store (provider installed, no panic); a call against a server
@@ -17,6 +16,9 @@ use crate::{Error, Fingerprint, Key};
 #[cfg(feature = "tls")]
 #[test]
 fn tls_url_connects_lazily_and_fails_cleanly() {
+    use super::RedisStore;
+    use crate::store::Store;
+
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,5 +1,5 @@
 //! Conformance cases of the operator primitives: [`Store::inspect`], [`Store::forget`]
-//! and, where a store offers it, [`Store::count_records`].
+//! and, where a store offers it, [`RecordCounts::count_records`](crate::store::RecordCounts::count_records).
 
 use super::*;
 use crate::{RecordCount, RecordState};

@@ -1,0 +1,252 @@
+//! A payments API behind the `Idempotency-Key` layer: retries, double clicks and
+//! replays from any client run each payment once.
+//!
+//! ```text
+//! cargo run -p idem-examples --bin shop_api -- --listen 127.0.0.1:8080 \
+//!     [--store URL] [--ledger postgres://...] [--namespace NAME]
+//! ```
+//!
+//! Routes:
+//!
+//! - `POST /payments`, JSON `{"order": u64, "cents": u64}` with an `Idempotency-Key`:
+//!   201 with a `payment_id` that is new for each run of the handler, behind the layer
+//!   with its defaults (`wait` 0: a duplicate of an in-flight payment gets 409 at once).
+//! - `GET /token`, then `POST /pay` with the token as its `Idempotency-Key`: the same
+//!   payment in token mode (a token pays once).
+//! - `GET /healthz`.
+//!
+//! `--store` picks the idempotency store (`memory`, the default, `redis://...`,
+//! `postgres://...`, ...): servers sharing one store share their keys. With `--ledger`,
+//! every run of a payment handler also inserts one row into the table
+//! `shop_payments(payment_id, idempotency_key, order_id, cents)` (created if absent, no
+//! unique constraint), with the key as the client sent it, so runs can be counted from
+//! outside.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem_http::{IDEMPOTENCY_KEY, IdempotencyLayer};
+use idem_runtime::Idem;
+use idem_runtime::store::sql::sqlx;
+use serde::{Deserialize, Serialize};
+
+const USAGE: &str = "usage: shop_api [--listen ADDR] [--store URL] [--ledger postgres://...] [--namespace NAME]
+  --listen ADDR     where to serve (default 127.0.0.1:8080)
+  --store URL       memory (default), redis://host:port/db, postgres://..., mysql://..., sqlite://path?mode=rwc
+  --ledger URL      PostgreSQL database to record every handler run in (table shop_payments)
+  --namespace NAME  the idempotency namespace (default shop_api)";
+
+struct Args {
+    listen: SocketAddr,
+    store: String,
+    ledger: Option<String>,
+    namespace: String,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        store: "memory".into(),
+        ledger: None,
+        namespace: "shop_api".into(),
+    };
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--listen" => {
+                let v = value()?;
+                a.listen = v
+                    .parse()
+                    .map_err(|_| format!("--listen takes host:port, not {v:?}"))?;
+            }
+            "--store" => a.store = value()?,
+            "--ledger" => a.ledger = Some(value()?),
+            "--namespace" => a.namespace = value()?,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(a)
+}
+
+/// A payment as the client asks for it.
+#[derive(Debug, Deserialize)]
+struct PaymentRequest {
+    order: u64,
+    cents: u64,
+}
+
+/// What a payment run answers.
+#[derive(Debug, Serialize)]
+struct Payment {
+    payment_id: String,
+    order: u64,
+    cents: u64,
+    status: &'static str,
+}
+
+struct Shop {
+    ledger: Option<sqlx::PgPool>,
+    /// Makes payment ids unique within this process; the process id and start time
+    /// make them unique across processes.
+    seq: AtomicU64,
+    prefix: String,
+}
+
+impl Shop {
+    fn next_id(&self) -> String {
+        format!(
+            "pay_{}_{}",
+            self.prefix,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// Charges the order: this is the effect that must happen once per key.
+async fn pay(
+    State(shop): State<Arc<Shop>>,
+    headers: HeaderMap,
+    Json(req): Json<PaymentRequest>,
+) -> Response {
+    let payment = Payment {
+        payment_id: shop.next_id(),
+        order: req.order,
+        cents: req.cents,
+        status: "paid",
+    };
+    if let Some(pool) = &shop.ledger {
+        // The key exactly as the client sent it (quoted or bare).
+        let key = headers
+            .get(IDEMPOTENCY_KEY)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let inserted = sqlx::query(
+            "INSERT INTO shop_payments (payment_id, idempotency_key, order_id, cents) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&payment.payment_id)
+        .bind(key)
+        .bind(i64::try_from(payment.order).unwrap_or(i64::MAX))
+        .bind(i64::try_from(payment.cents).unwrap_or(i64::MAX))
+        .execute(pool)
+        .await;
+        if let Err(e) = inserted {
+            tracing::error!(error = %e, "ledger insert failed");
+            // A 5xx releases the key: the client's retry runs the payment again.
+            return (StatusCode::SERVICE_UNAVAILABLE, "ledger unavailable, retry").into_response();
+        }
+    }
+    let location = format!("/payments/{}", payment.payment_id);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(payment),
+    )
+        .into_response()
+}
+
+/// The routes; more can be merged in (metrics, admin) without touching these.
+fn router(idem: Idem, shop: Arc<Shop>) -> Router {
+    let keys = IdempotencyLayer::new(idem.clone());
+    let tokens = IdempotencyLayer::tokens(idem);
+    let by_key = Router::new().route("/payments", post(pay)).layer(keys);
+    let by_token = Router::new()
+        .route("/token", tokens.token_route())
+        .route("/pay", post(pay))
+        .layer(tokens);
+    Router::new()
+        .merge(by_key)
+        .merge(by_token)
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(shop)
+}
+
+async fn ledger(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(url)
+        .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS shop_payments \
+         (payment_id TEXT, idempotency_key TEXT, order_id BIGINT, cents BIGINT)",
+    )
+    .execute(&pool)
+    .await?;
+    Ok(pool)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("shop_api: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match idem_runtime::store::connect(&args.store).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("shop_api: store {}: {e}", args.store);
+            return ExitCode::FAILURE;
+        }
+    };
+    let idem = Idem::builder()
+        .shared_store(store)
+        .namespace(args.namespace.clone())
+        .build();
+    let ledger = match &args.ledger {
+        None => None,
+        Some(url) => match ledger(url).await {
+            Ok(pool) => Some(pool),
+            Err(e) => {
+                eprintln!("shop_api: ledger {url}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let shop = Arc::new(Shop {
+        ledger,
+        seq: AtomicU64::new(1),
+        prefix: format!("{:x}{:x}", std::process::id(), started),
+    });
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("shop_api: listen on {}: {e}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().map_or(args.listen, |a| a);
+    // The first line on stdout says where it listens (useful with port 0).
+    println!("shop_api listening on http://{addr} (store {})", args.store);
+    let served = axum::serve(listener, router(idem, shop))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shop_api: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The functions an expansion calls. Each returns the strategy's future itself, so the
+//! expansion awaits one future, not a wrapper around it; the logic stays with its
+//! strategy.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::codec::{CloneReplay, Codec};
+use crate::options::Strategy;
+use crate::runtime::Current;
+use crate::store::ClaimKind;
+use crate::strategy::optimistic::{Retry, attribute_policy};
+use crate::strategy::state_machine::{StateMachine, Step, run_move};
+use crate::strategy::{dedup, lock};
+use crate::{Error, Fingerprint, Idem, Key, Options};
+
+/// The runtime a call under `#[idempotent]` uses.
+pub fn current() -> Current {
+    Current::get()
+}
+
+/// Dedup, as expanded from the attribute. Returns the strategy's future itself, so the
+/// expansion awaits one future, not a wrapper around it.
+pub fn dedup<C, T, E, F>(
+    rt: Current,
+    opts: &'static Options,
+    key: Key,
+    fp: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    debug_assert_eq!(opts.strategy, Strategy::Dedup);
+    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, reuse, body)
+}
+
+/// A replay answered on the spot from a decoded value kept beside the record by an
+/// in-process store (see [`CloneReplay`]), before any claim or future is built.
+/// `None`: take the normal path (which decodes, and keeps the value for next time).
+#[inline]
+pub fn replay_now<T, E: From<Error>>(
+    rt: &Idem,
+    key: &Key,
+    fp: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
+) -> Option<Result<T, E>> {
+    let reuse = reuse?;
+    let mut found: Option<Result<T, Error>> = None;
+    rt.store().local()?.peek_memo(key, &mut |stored, memo| {
+        found = match crate::key::check_fingerprint(key, fp, stored) {
+            Err(e) => Some(Err(e)),
+            Ok(()) => reuse.get(memo).map(Ok),
+        };
+    });
+    let outcome = match found.as_ref()? {
+        Ok(_) => crate::observe::Outcome::Replayed,
+        Err(_) => crate::observe::Outcome::Mismatch,
+    };
+    crate::observe::answered_now(key, outcome);
+    // The caller's error conversion runs here, outside the store's lock.
+    found.map(|r| r.map_err(E::from))
+}
+
+/// Token consumption, as expanded from the attribute.
+pub fn token<C, T, E, F>(
+    rt: Current,
+    opts: &'static Options,
+    key: Key,
+    fp: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, reuse, body)
+}
+
+/// Lock, as expanded from the attribute.
+pub fn lock<T, E, F>(
+    rt: Current,
+    opts: &'static Options,
+    key: Key,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    lock::run(rt, opts, key, body)
+}
+
+/// `#[retry_on_conflict(...)]`'s policy (the optimistic strategy's `attribute_policy`).
+pub const fn retry_policy(
+    attempts: Option<u32>,
+    base: Option<Duration>,
+    max: Option<Duration>,
+) -> Retry {
+    attribute_policy(attempts, base, max)
+}
+
+/// `#[transition(...)]`: the move and its body on the current runtime, `key` already
+/// rendered with [`Idem::state_key`].
+pub fn transition<'a, T, E, F>(
+    rt: Current,
+    machine: &'a StateMachine,
+    key: Key,
+    to: &'static str,
+    body: F,
+) -> impl Future<Output = Result<Step<T>, E>> + 'a
+where
+    E: From<Error> + 'a,
+    F: Future<Output = Result<T, E>> + 'a,
+    T: 'a,
+{
+    run_move(rt, machine, key, to, body)
+}

@@ -1,0 +1,29 @@
+//! What the expansions of `#[idempotent]`, `#[retry_on_conflict]` and `#[transition]`
+//! refer to, all in this one module (exported as `__private`, hidden). Not a public
+//! API: it may change in any release, together with the macros that emit these paths.
+//!
+//! - The functions an expansion calls are in `entry`.
+//! - The types it names are re-exported here under the names it uses.
+//! - Without a SQL feature, `transaction = ...` expands against the stub in `no_sql`.
+
+mod entry;
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+mod no_sql;
+
+pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition};
+
+pub use crate::codec::{
+    ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
+};
+pub use crate::key::parts::{Part, ViaDisplay, ViaFast};
+pub use crate::key::{FingerprintBuilder, KeyWriter};
+pub use crate::options::{OnDuplicate, Options};
+pub use crate::runtime::Current;
+pub use crate::strategy::optimistic::{Retry, retry_on_conflict};
+pub use crate::strategy::state_machine::StateMachine;
+pub use std::time::Duration;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use crate::store::sql::{TxBegun, tx_begin, tx_end};
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+pub use no_sql::{TxBegun, tx_begin, tx_end};
