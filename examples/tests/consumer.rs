@@ -170,6 +170,38 @@ impl Setup {
         }
     }
 
+    /// Publishes one message with this id and body.
+    async fn publish_raw(&self, id: &str, body: &str) {
+        match &self.publish {
+            Publisher::Nats(js, subject, _) => {
+                let m = jetstream::message::PublishMessage::build()
+                    .payload(body.to_owned().into())
+                    .message_id(id);
+                js.send_publish(subject.clone(), m)
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("publish ack");
+            }
+            Publisher::Rabbit(conn, queue) => {
+                let ch = conn.create_channel().await.expect("channel");
+                let props = BasicProperties::default().with_message_id(ShortString::from(id));
+                ch.basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    props,
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("publish confirm");
+                let _ = ch.close(200, "".into()).await;
+            }
+        }
+    }
+
     fn args(&self, store: &str, extra: &[&str]) -> Vec<String> {
         let mut a = self.broker.clone();
         for s in [
@@ -194,15 +226,26 @@ impl Setup {
         let mut child = Command::new(env!("CARGO_BIN_EXE_consumer"))
             .args(self.args(store, extra))
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("start the consumer example");
         let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx2 = tx.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let _ = tx.send(line);
+            }
+        });
+        // Log lines (warnings: failures, poison) as `log: ...`, echoed for the test's output.
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+                let _ = tx2.send(format!("log: {line}"));
             }
         });
         Consumer { child, lines: rx }
@@ -265,11 +308,12 @@ struct Consumer {
 }
 
 impl Consumer {
-    /// Waits for a stdout line starting with `prefix`.
-    async fn line(&mut self, prefix: &str, secs: u64) -> String {
+    /// Waits for a line starting with `prefix` (log lines start with `log: `) and
+    /// containing every one of `parts`.
+    async fn line_with(&mut self, prefix: &str, parts: &[&str], secs: u64) -> String {
         let wait = async {
             while let Some(l) = self.lines.recv().await {
-                if l.starts_with(prefix) {
+                if l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)) {
                     return l;
                 }
             }
@@ -278,6 +322,11 @@ impl Consumer {
         tokio::time::timeout(Duration::from_secs(secs), wait)
             .await
             .unwrap_or_else(|_| panic!("no {prefix:?} line within {secs} s"))
+    }
+
+    /// Waits for a stdout line starting with `prefix`.
+    async fn line(&mut self, prefix: &str, secs: u64) -> String {
+        self.line_with(prefix, &[], secs).await
     }
 
     fn pid(&self) -> String {
@@ -412,6 +461,37 @@ async fn nats_transactional_stopped_past_its_lease_then_resumed() {
         "{a_counters}; {b_counters}"
     );
     setup.cleanup().await;
+}
+
+/// A poison message (a credit without an account) fails twice in one consumer, which is
+/// then SIGKILLed; the next one sees the two failures in the store and dead-letters the
+/// message at the third.
+async fn poison_across_a_kill(setup: Setup) {
+    setup
+        .publish_raw("poison-1", r#"{"account":"","amount":5}"#)
+        .await;
+    // The second failure's nak is 4 s: the kill lands well before a third attempt.
+    let slow = ["--max-attempts", "3", "--backoff-ms", "2000"];
+    let mut a = setup.spawn(PG, &slow);
+    a.line_with("log: ", &["handler failed", "failures=2"], 30)
+        .await;
+    a.sigkill().await;
+    let b = setup.spawn(PG, &["--max-attempts", "3", "--idle-exit-ms", "6000"]);
+    let counters = b.finish(60).await;
+    assert_eq!(counter(&counters, "handler_errors"), 1, "{counters}");
+    assert_eq!(counter(&counters, "poison"), 1, "{counters}");
+    assert_eq!(setup.ledger_counts().await, (0, 0));
+    setup.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_poison_is_terminated_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(nats_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_poison_is_rejected_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(rabbit_setup().await).await;
 }
 
 /// Several thousand messages, a tenth of them published twice, three consumers of which

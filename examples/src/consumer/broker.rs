@@ -16,7 +16,8 @@
 //!
 //! More options: `--idle-exit-ms N` (exit after N ms without deliveries, printing the
 //! counters), `--namespace NS`, `--concurrency N`, `--lease-ms N`, `--wait-ms N`,
-//! `--max-attempts N`, `--record-ttl-s N`, `--ledger-table NAME`, and for fault tests
+//! `--max-attempts N`, `--backoff-ms N` (the first nak delay after a failure),
+//! `--record-ttl-s N`, `--ledger-table NAME`, and for fault tests
 //! `--pause-at claim|effect|ack` with `--pause-ms N`: print `PAUSE <where> <id>` at that
 //! point of the first delivery and sleep (a test then kills or stops the process).
 
@@ -49,6 +50,7 @@ pub(crate) struct Args {
     lease: Duration,
     wait: Duration,
     max_attempts: u32,
+    backoff: Duration,
     ttl: Duration,
     pause_at: Option<String>,
     pause: Duration,
@@ -57,7 +59,7 @@ pub(crate) struct Args {
 const USAGE: &str = "usage: consumer --broker nats://HOST:PORT --stream S --subject S.credits \
     --durable D | --broker amqp://USER:PASS@HOST:PORT --queue Q, then --ledger postgres://... \
     [--store URL] [--idle-exit-ms N] [--namespace NS] [--concurrency N] [--lease-ms N] \
-    [--wait-ms N] [--max-attempts N] [--record-ttl-s N] [--ledger-table NAME] \
+    [--wait-ms N] [--max-attempts N] [--backoff-ms N] [--record-ttl-s N] [--ledger-table NAME] \
     [--pause-at claim|effect|ack --pause-ms N]";
 
 pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
@@ -76,6 +78,7 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
         lease: Duration::from_secs(10),
         wait: Duration::from_secs(10),
         max_attempts: 5,
+        backoff: Duration::from_millis(100),
         ttl: Duration::from_secs(24 * 3600),
         pause_at: None,
         pause: Duration::from_secs(3600),
@@ -106,6 +109,7 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
             "--lease-ms" => a.lease = Duration::from_millis(num(&v)?),
             "--wait-ms" => a.wait = Duration::from_millis(num(&v)?),
             "--max-attempts" => a.max_attempts = num(&v)? as u32,
+            "--backoff-ms" => a.backoff = Duration::from_millis(num(&v)?),
             "--record-ttl-s" => a.ttl = Duration::from_secs(num(&v)?),
             "--pause-at" if ["claim", "effect", "ack"].contains(&v.as_str()) => {
                 a.pause_at = Some(v)
@@ -283,6 +287,7 @@ async fn run(a: Args) -> Result<ExitCode, BoxError> {
         Consumer::builder(idem, opts.clone())
             .concurrency(a.concurrency)
             .max_attempts(a.max_attempts)
+            .backoff(a.backoff, Duration::from_secs(30))
     };
     let counters = if transactional {
         let store = SqlStore::connect(&a.store).await?;
