@@ -14,6 +14,7 @@
 //! - `GET /token`, then `POST /pay` with the token as its `Idempotency-Key`: the same
 //!   payment in token mode (a token pays once).
 //! - `GET /healthz`.
+//! - `GET /metrics`: Prometheus text for the `idem_*` counters and histograms.
 //!
 //! `--store` picks the idempotency store (`memory`, the default, `redis://...`,
 //! `postgres://...`, ...): servers sharing one store share their keys. With `--ledger`,
@@ -26,8 +27,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,6 +38,7 @@ use axum::{Json, Router};
 use idem_http::{IDEMPOTENCY_KEY, IdempotencyLayer};
 use idem_runtime::Idem;
 use idem_runtime::store::sql::sqlx;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 
 const USAGE: &str = "usage: shop_api [--listen ADDR] [--store URL] [--ledger postgres://...] [--namespace NAME]
@@ -152,7 +156,7 @@ async fn pay(
 }
 
 /// The routes; more can be merged in (metrics, admin) without touching these.
-fn router(idem: Idem, shop: Arc<Shop>) -> Router {
+fn router(idem: Idem, shop: Arc<Shop>, metrics: PrometheusHandle) -> Router {
     let keys = IdempotencyLayer::new(idem.clone());
     let tokens = IdempotencyLayer::tokens(idem);
     let by_key = Router::new().route("/payments", post(pay)).layer(keys);
@@ -164,7 +168,18 @@ fn router(idem: Idem, shop: Arc<Shop>) -> Router {
         .merge(by_key)
         .merge(by_token)
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(move || scrape(metrics.clone())))
         .with_state(shop)
+}
+
+/// Prometheus text for every `idem_*` counter and histogram (and anything else the
+/// process records through the `metrics` facade).
+async fn scrape(metrics: PrometheusHandle) -> Response {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics.render(),
+    )
+        .into_response()
 }
 
 async fn ledger(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
@@ -183,7 +198,9 @@ async fn ledger(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Logs go to stderr: stdout carries the one line that says where the server listens.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -198,6 +215,23 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Installed before the first call, so every idem metric lands in this recorder.
+    let metrics = match PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => handle,
+        Err(e) => {
+            eprintln!("shop_api: metrics recorder: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    idem_runtime::observe::describe_metrics();
+    // Histograms are summarized by the recorder's upkeep; without it they grow unbounded.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
     let store = match idem_runtime::store::connect(&args.store).await {
         Ok(s) => s,
         Err(e) => {
@@ -237,7 +271,7 @@ async fn main() -> ExitCode {
     let addr = listener.local_addr().map_or(args.listen, |a| a);
     // The first line on stdout says where it listens (useful with port 0).
     println!("shop_api listening on http://{addr} (store {})", args.store);
-    let served = axum::serve(listener, router(idem, shop))
+    let served = axum::serve(listener, router(idem, shop, metrics))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

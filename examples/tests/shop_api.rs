@@ -1,0 +1,179 @@
+//! The `shop_api` example as its users drive it: a real server process, a real HTTP
+//! client, the routes the README's curl session uses, the ledger counted from outside,
+//! and the Prometheus scrape on `GET /metrics`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idem_runtime::store::sql::sqlx;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A `shop_api` server on a free loopback port, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn serve(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shop_api"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start shop_api");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let line = lines.next_line().await.expect("read stdout");
+            match line {
+                Some(l) if l.contains("listening on") => return l,
+                Some(_) => continue,
+                None => panic!("shop_api exited before listening"),
+            }
+        }
+    })
+    .await
+    .expect("shop_api says where it listens");
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    Server { child, base }
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+#[tokio::test]
+async fn payments_run_once_per_key_and_metrics_count_them() {
+    let ns = unique("shop-api-test");
+    let server = serve(&["--ledger", PG, "--namespace", &ns]).await;
+    let client = reqwest::Client::new();
+    let key = unique("order-7");
+    let pay = |key: String, body: &'static str| {
+        client
+            .post(format!("{}/payments", server.base))
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    let first = pay(format!("\"{key}\""), r#"{"order": 7, "cents": 1999}"#)
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_body: serde_json::Value = first.json().await.unwrap();
+    assert!(first_body["payment_id"].is_string() || first_body["payment_id"].is_number());
+
+    // The same key, sent bare this time: a retry, answered from the record.
+    let retry = pay(key.clone(), r#"{"order": 7, "cents": 1999}"#)
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let retry_body: serde_json::Value = retry.json().await.unwrap();
+    assert_eq!(retry_body, first_body);
+
+    // The same key with another amount, and no key at all.
+    let other = pay(key.clone(), r#"{"order": 7, "cents": 5}"#)
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 422);
+    assert_eq!(other.headers()["content-type"], "application/problem+json");
+    let keyless = client
+        .post(format!("{}/payments", server.base))
+        .header("Content-Type", "application/json")
+        .body(r#"{"order": 8, "cents": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyless.status(), 400);
+
+    // Token mode: a token pays once, its second use replays.
+    let token: serde_json::Value = client
+        .get(format!("{}/token", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["token"].as_str().expect("a token").to_string();
+    let by_token = || {
+        client
+            .post(format!("{}/pay", server.base))
+            .header("Idempotency-Key", token.clone())
+            .header("Content-Type", "application/json")
+            .body(r#"{"order": 9, "cents": 500}"#)
+            .send()
+    };
+    assert_eq!(by_token().await.unwrap().status(), 201);
+    let again = by_token().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+
+    // One handler run for the key, counted outside idem.
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let runs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM shop_payments WHERE idempotency_key LIKE $1")
+            .bind(format!("%{key}%"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(runs, 1);
+
+    // The scrape names the calls by outcome.
+    let scrape = client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    assert!(
+        scrape.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = scrape.text().await.unwrap();
+    let calls = |outcome: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("idem_calls_total{") && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(calls("ran") >= 2.0, "{text}");
+    assert!(calls("replayed") >= 2.0, "{text}");
+    assert!(calls("mismatch") >= 1.0, "{text}");
+    assert!(text.contains("# TYPE idem_calls_total counter"), "{text}");
+
+    assert_eq!(
+        client
+            .get(format!("{}/healthz", server.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
