@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, Optimistic, Options, intern};
+use idem_runtime::{Error, Idem, Key, Optimistic, Options};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -127,8 +127,11 @@ impl Builder {
     }
 
     fn build<E>(self, effect: E) -> Consumer<E> {
-        let attempts = Optimistic::new(intern(&format!("{}::attempts", self.opts.name())))
-            .ttl(self.opts.ttl_for());
+        // One name per consumer function, kept for the process's life like the function's
+        // own: only a process already at the interning limit (thousands of names) fails.
+        let family = Key::intern(&format!("{}::attempts", self.opts.name()))
+            .unwrap_or_else(|e| panic!("idem-consumer: {e}"));
+        let attempts = Optimistic::new(family).ttl(self.opts.ttl_for());
         Consumer {
             shared: Arc::new(Shared {
                 look: self.opts.clone().wait(Duration::ZERO),

@@ -85,7 +85,7 @@ impl RecordInfo {
 pub struct RecordCount {
     /// The namespace.
     pub namespace: String,
-    /// The function's path ([`TOKEN_SCOPE`](crate::TOKEN_SCOPE) for tokens).
+    /// The function's path (for tokens, the scope [`Options::scope`](crate::Options::scope) gives).
     pub function: String,
     /// `in_progress`, `completed`, `issued`, or `corrupt` for records that do not parse.
     pub state: String,
@@ -179,8 +179,8 @@ impl Idem {
     }
 
     /// The record a call with the rendered `key` under `opts` uses: [`Idem::key`], or
-    /// for token options the token's record (tokens live in the shared
-    /// [`TOKEN_SCOPE`](crate::TOKEN_SCOPE)). On a shared store this is the same key in
+    /// for token options the token's record (tokens of a namespace share one scope, see
+    /// [`Key::token`](crate::Key::token)). On a shared store this is the same key in
     /// every process, so an operator's tool finds the record a service wrote from the
     /// function path a log line prints and the key the customer gave.
     ///

@@ -1,8 +1,7 @@
 //! Record identity: namespace, function and a digest of the rendered key.
 
-use std::collections::HashSet;
 use std::fmt::{self, Write as _};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -12,7 +11,7 @@ use crate::Error;
 
 /// The scope under which tokens live: a token is valid for every token-strategy function
 /// of its namespace, so its record does not name a function.
-pub const TOKEN_SCOPE: &str = "token";
+pub(crate) const TOKEN_SCOPE: &str = "token";
 
 /// Longest input digested in one call from the stack; longer keys stream into a hasher.
 const INLINE: usize = 192;
@@ -30,7 +29,7 @@ const INLINE: usize = 192;
 /// idempotency key, say), and neither can a keyed hash whose key that writer never sees,
 /// so one caller can never be replayed another caller's result.
 ///
-/// `Copy`: namespaces are interned once per distinct name (see [`intern`]), so a key is
+/// `Copy`: namespaces are interned once per distinct name (see [`Key::intern`]), so a key is
 /// two static strings and 16 bytes, and passing one around touches no shared counter.
 /// `Display` prints `namespace/scope#<first 16 hex digits>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +41,7 @@ pub struct Key {
 
 impl Key {
     /// Renders `key` (usually `format_args!(...)`) straight into the digest, without
-    /// allocating the string. `namespace` must be interned (see [`intern`]).
+    /// allocating the string. `namespace` is a literal or a name from [`Key::intern`].
     pub fn new(namespace: &'static str, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
         // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
         // truncates what it contributed, which still yields a deterministic digest.
@@ -52,10 +51,50 @@ impl Key {
     }
 
     /// The key for an already rendered string, in any namespace (interned on first use).
+    ///
+    /// # Panics
+    ///
+    /// If `namespace` is new and the process already keeps as many names as
+    /// [`Key::intern`] allows.
     pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
-        KeyWriter::key(Digest::Portable, None, intern(namespace), scope, |w| {
-            w.text(key)
-        })
+        let namespace = Self::intern(namespace).unwrap_or_else(|e| panic!("{e}"));
+        KeyWriter::key(Digest::Portable, None, namespace, scope, |w| w.text(key))
+    }
+
+    /// The record key of the one-time token `token` in `namespace`, as a shared store
+    /// (one whose records processes share) names it. Tokens of a namespace share one
+    /// scope, since a token is valid for every token-strategy function.
+    ///
+    /// # Panics
+    ///
+    /// As [`Key::from_str`].
+    pub fn token(namespace: &str, token: &str) -> Key {
+        Self::from_str(namespace, TOKEN_SCOPE, token)
+    }
+
+    /// Whether this is a one-time token's record (see [`Key::token`]).
+    pub fn is_token(&self) -> bool {
+        self.scope == TOKEN_SCOPE
+    }
+
+    /// A `'static` copy of a namespace or function name known only at run time, for
+    /// [`Key::new`], [`Options::dedup`](crate::Options::dedup) and
+    /// [`Optimistic::new`](crate::Optimistic::new), which keep names as `&'static str` so
+    /// that keys stay `Copy`.
+    ///
+    /// Equal names share one copy, kept for the life of the process: interning a name
+    /// again costs nothing new. The process keeps at most 4096 distinct names (1 MiB of
+    /// text); past that, a new name is [`Error::Config`]. Make names from
+    /// configuration, not from request data: a tenant id belongs in the key.
+    ///
+    /// ```
+    /// use idem_runtime::Key;
+    /// let a = Key::intern(&format!("shop-{}", 1)).unwrap();
+    /// let b = Key::intern("shop-1").unwrap();
+    /// assert!(std::ptr::eq(a, b));
+    /// ```
+    pub fn intern(name: &str) -> Result<&'static str, Error> {
+        crate::intern::intern(name)
     }
 
     /// The namespace of the runtime that made the key.
@@ -63,7 +102,7 @@ impl Key {
         self.namespace
     }
 
-    /// The function path, or [`TOKEN_SCOPE`] for tokens.
+    /// The function path, or the scope all tokens share (see [`Key::is_token`]).
     pub fn scope(&self) -> &'static str {
         self.scope
     }
@@ -113,22 +152,6 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
-}
-
-/// Returns a `'static` copy of `namespace`, the same one for equal strings. A process
-/// has a handful of namespaces, each leaked once; keys then carry no reference counts.
-pub fn intern(namespace: &str) -> &'static str {
-    static INTERNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut set = INTERNED
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = set.get(namespace) {
-        return s;
-    }
-    let s: &'static str = Box::leak(namespace.to_owned().into_boxed_str());
-    set.insert(s);
-    s
 }
 
 /// Which 128-bit digest names records.

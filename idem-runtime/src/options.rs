@@ -162,8 +162,16 @@ impl Options {
         self.on_duplicate
     }
 
-    /// The key scope: the name, or the shared token scope.
-    pub(crate) fn scope(&self) -> &'static str {
+    /// The scope these options' records are stored under, which errors, logs and
+    /// [`RecordCount::function`](crate::RecordCount::function) print as the function:
+    /// the name, or for tokens the scope every token of a namespace shares.
+    ///
+    /// ```
+    /// use idem_runtime::Options;
+    /// assert_eq!(Options::dedup("shop::charge").scope(), "shop::charge");
+    /// assert_eq!(Options::token("shop::pay").scope(), Options::token("other").scope());
+    /// ```
+    pub fn scope(&self) -> &'static str {
         match self.strategy {
             Strategy::Token => crate::key::TOKEN_SCOPE,
             _ => self.name,

@@ -89,31 +89,45 @@ impl Builder {
     }
 
     /// The namespace: part of every key, so services (or environments) sharing one
-    /// store never see each other's records. Default: `"idem"`.
+    /// store never see each other's records. Default: `"idem"`. A process keeps each
+    /// distinct namespace for its life (see [`Key::intern`](crate::Key::intern)), so make
+    /// them from configuration, not per tenant or per request.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self
     }
 
     /// The runtime.
+    ///
+    /// # Panics
+    ///
+    /// If the namespace is new and the process already keeps as many names as
+    /// [`Key::intern`](crate::Key::intern) allows; [`Builder::try_build`] returns that
+    /// as an error instead.
     pub fn build(self) -> Idem {
+        self.try_build().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The runtime, or [`Error::Config`](crate::Error::Config) if its namespace cannot be
+    /// kept (see [`Key::intern`](crate::Key::intern)).
+    pub fn try_build(self) -> Result<Idem, crate::Error> {
+        let namespace =
+            crate::intern::intern(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))?;
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let digest = if store.local().is_some() {
             Digest::Local
         } else {
             Digest::Portable
         };
-        Idem {
+        Ok(Idem {
             inner: Arc::new(Inner {
                 store,
-                namespace: crate::key::intern(
-                    self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
-                ),
+                namespace,
                 digest,
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
             }),
-        }
+        })
     }
 }
 

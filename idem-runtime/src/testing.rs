@@ -25,10 +25,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Barrier, Notify};
 
-use crate::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Error, Fingerprint, Idem, Key, NoReplay, Options, Owner,
-    ReplayOk, ReplayResult, Store,
-};
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use crate::{Error, Fingerprint, Idem, Key, NoReplay, Options, ReplayOk, ReplayResult, Store};
 
 /// Runs one case: builds a multi-threaded runtime, makes the store, runs the case.
 pub fn run_case<M, MF, C, CF>(make: M, case: C)
@@ -783,7 +781,7 @@ pub mod cases {
     /// `issue` never overwrites an existing record; fingerprints come back with records.
     pub async fn issue_refuses_existing(store: Arc<dyn Store>) {
         let ns: Arc<str> = Arc::from(format!("conformance-issue-{}", Owner::next().0));
-        let key = Key::from_str(&ns, crate::TOKEN_SCOPE, "t");
+        let key = Key::token(&ns, "t");
         assert!(store.issue(&key, Duration::from_secs(60)).await.unwrap());
         assert!(!store.issue(&key, Duration::from_secs(60)).await.unwrap());
         let fp = Some(Fingerprint([7; 16]));
@@ -814,7 +812,7 @@ pub mod cases {
             }
             o => panic!("expected Completed, got {o:?}"),
         }
-        let missing = Key::from_str(&ns, crate::TOKEN_SCOPE, "never-issued");
+        let missing = Key::token(&ns, "never-issued");
         assert_eq!(
             store.claim(&missing, &other).await.unwrap(),
             ClaimOutcome::Missing

@@ -1,0 +1,121 @@
+//! `'static` copies of the names a [`Key`](crate::Key) carries, kept once per process.
+//!
+//! A key is `Copy` because its namespace and scope are `&'static str`: passing one around
+//! touches no reference count. Names known only at run time (a namespace from the
+//! configuration, a function path an operator typed) are copied once into a process-wide
+//! table and never freed. The table deduplicates, so the same name interned again costs
+//! nothing, and it is bounded, so a program that makes names from unbounded input (a
+//! namespace per tenant, say) gets an error instead of growing without limit. Tenant ids
+//! belong in the key, which is digested and costs nothing to keep.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+use crate::Error;
+
+/// Most distinct names the process-wide table keeps.
+pub(crate) const MAX_NAMES: usize = 4096;
+/// Most bytes of name text the process-wide table keeps (1 MiB).
+pub(crate) const MAX_BYTES: usize = 1 << 20;
+
+/// A set of leaked names with a limit on how many, and on their total length.
+pub(crate) struct Interner {
+    table: Mutex<Table>,
+    max_names: usize,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct Table {
+    names: HashSet<&'static str>,
+    /// Total length of `names`.
+    bytes: usize,
+}
+
+impl Interner {
+    pub(crate) fn new(max_names: usize, max_bytes: usize) -> Self {
+        Interner {
+            table: Mutex::default(),
+            max_names,
+            max_bytes,
+        }
+    }
+
+    /// The one `'static` copy of `name`: the same address for equal names.
+    pub(crate) fn intern(&self, name: &str) -> Result<&'static str, Error> {
+        // A panic elsewhere while holding the lock leaves the set consistent (an insert
+        // either happened or not), so a poisoned lock is still safe to use.
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = table.names.get(name) {
+            return Ok(s);
+        }
+        if table.names.len() >= self.max_names || table.bytes + name.len() > self.max_bytes {
+            return Err(Error::Config(format!(
+                "more than {} distinct namespaces and function names ({} bytes) in one \
+                 process; each is kept for the life of the process, so make them from \
+                 configuration, not from request data (put a tenant id in the key instead)",
+                self.max_names, self.max_bytes
+            )));
+        }
+        let s: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        table.bytes += s.len();
+        table.names.insert(s);
+        Ok(s)
+    }
+
+    /// How many names are kept, and their total length.
+    #[cfg(test)]
+    fn usage(&self) -> (usize, usize) {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        (table.names.len(), table.bytes)
+    }
+}
+
+/// The process-wide table (see the module docs), limited to [`MAX_NAMES`] names and
+/// [`MAX_BYTES`] bytes.
+pub(crate) fn intern(name: &str) -> Result<&'static str, Error> {
+    static TABLE: OnceLock<Interner> = OnceLock::new();
+    TABLE
+        .get_or_init(|| Interner::new(MAX_NAMES, MAX_BYTES))
+        .intern(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_name_twice_is_one_copy() {
+        let table = Interner::new(4, 64);
+        let a = table.intern("shop").unwrap();
+        let b = table.intern(&String::from("shop")).unwrap();
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(table.usage(), (1, 4));
+    }
+
+    #[test]
+    fn past_the_name_limit_new_names_fail_and_known_ones_still_resolve() {
+        let table = Interner::new(2, 64);
+        let a = table.intern("a").unwrap();
+        table.intern("b").unwrap();
+        assert!(matches!(table.intern("c"), Err(Error::Config(_))));
+        assert_eq!(table.usage(), (2, 2));
+        assert!(std::ptr::eq(table.intern("a").unwrap(), a));
+    }
+
+    #[test]
+    fn past_the_byte_limit_new_names_fail() {
+        let table = Interner::new(10, 8);
+        table.intern("12345").unwrap();
+        assert!(matches!(table.intern("6789"), Err(Error::Config(_))));
+        table.intern("678").unwrap();
+        assert_eq!(table.usage(), (2, 8));
+    }
+
+    #[test]
+    fn the_process_table_dedups() {
+        let a = intern("intern-test-namespace").unwrap();
+        let b = intern("intern-test-namespace").unwrap();
+        assert!(std::ptr::eq(a, b));
+    }
+}
