@@ -10,8 +10,9 @@ use idem_runtime::{Error, Idem, Key, Optimistic, Options};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::counters::{Counters, Live, bump};
+use crate::counters::{Counters, Live};
 use crate::effect::{Effect, Plain, Ran};
+use crate::observe::Fate;
 use crate::{ConsumerError, Delivery, Handler, Horizon, Message, Source};
 
 /// Builds a [`Consumer`]; see [`Consumer::builder`].
@@ -135,6 +136,7 @@ impl Builder {
         Consumer {
             shared: Arc::new(Shared {
                 look: self.opts.clone().wait(Duration::ZERO),
+                live: Live::new(self.opts.name()),
                 idem: self.idem,
                 opts: self.opts,
                 attempts,
@@ -143,7 +145,6 @@ impl Builder {
                 concurrency: self.concurrency,
                 derive_ids: self.derive_ids,
                 effect,
-                live: Live::default(),
             }),
         }
     }
@@ -272,7 +273,7 @@ impl<E: Effect> Consumer<E> {
         let s = &*self.shared;
         let attempt = delivery.attempt();
         if attempt > 1 {
-            bump(&s.live.redeliveries);
+            s.live.redelivery();
         }
         let payload = delivery.payload();
         let id = match delivery.message_id() {
@@ -280,11 +281,8 @@ impl<E: Effect> Consumer<E> {
             _ if s.derive_ids => format!("blake3:{}", blake3::hash(&payload).to_hex()),
             _ => {
                 tracing::error!("a message without an id: terminated (dead-lettered)");
-                bump(&s.live.missing_id);
-                bump(&s.live.poison);
-                return self
-                    .settle(&delivery, Settle::Terminate, Outcome::Poison)
-                    .await;
+                s.live.poison(true);
+                return self.settle(&delivery, Settle::Terminate, Fate::NoId).await;
             }
         };
         let msg = Message {
@@ -294,25 +292,19 @@ impl<E: Effect> Consumer<E> {
         };
         let ran = with_progress(&delivery, self.run_effect(&msg)).await;
         match ran {
-            Ok(Ran::Effect) => {
-                self.settle(&delivery, Settle::Ack, Outcome::Processed)
-                    .await
-            }
-            Ok(Ran::Replayed) => {
-                self.settle(&delivery, Settle::Ack, Outcome::Duplicate)
-                    .await
-            }
+            Ok(Ran::Effect) => self.settle(&delivery, Settle::Ack, Fate::Processed).await,
+            Ok(Ran::Replayed) => self.settle(&delivery, Settle::Ack, Fate::Duplicate).await,
             Ok(Ran::Failed(e)) => self.failed(&delivery, &msg, e).await,
             Err(Error::InProgress { .. }) => {
                 let delay = s.effect.lease_left(&s.idem, &s.opts, &msg).await;
-                self.settle(&delivery, Settle::Nak(delay), Outcome::InFlight)
+                self.settle(&delivery, Settle::Nak(delay), Fate::InFlight)
                     .await
             }
             Err(e) => {
                 tracing::warn!(id = %msg.id, error = %e, "store failure; delivering again later");
-                bump(&s.live.store_errors);
+                s.live.store_error();
                 let delay = self.backoff(attempt);
-                self.settle(&delivery, Settle::Nak(delay), Outcome::StoreError)
+                self.settle(&delivery, Settle::Nak(delay), Fate::StoreError)
                     .await
             }
         }
@@ -324,7 +316,7 @@ impl<E: Effect> Consumer<E> {
         let s = &*self.shared;
         match s.effect.run(&s.idem, &s.look, msg).await {
             Err(Error::InProgress { .. }) => {
-                bump(&s.live.in_flight_duplicates);
+                s.live.in_flight_duplicate();
                 s.effect.run(&s.idem, &s.opts, msg).await
             }
             other => other,
@@ -338,7 +330,7 @@ impl<E: Effect> Consumer<E> {
         err: idem_runtime::BoxError,
     ) -> Outcome {
         let s = &*self.shared;
-        bump(&s.live.handler_errors);
+        s.live.handler_error();
         let counted = s
             .idem
             .update(&s.attempts, &msg.id, |n: Option<u32>| {
@@ -349,23 +341,22 @@ impl<E: Effect> Consumer<E> {
             Ok(v) => v.value,
             Err(e) => {
                 tracing::warn!(id = %msg.id, error = %e, "could not count the failure; delivering again later");
-                bump(&s.live.store_errors);
+                s.live.store_error();
                 let delay = self.backoff(msg.attempt);
                 return self
-                    .settle(delivery, Settle::Nak(delay), Outcome::StoreError)
+                    .settle(delivery, Settle::Nak(delay), Fate::StoreError)
                     .await;
             }
         };
         if failures >= s.max_attempts {
             tracing::error!(id = %msg.id, failures, error = %err, "poison message: terminated (dead-lettered)");
-            bump(&s.live.poison);
-            self.settle(delivery, Settle::Terminate, Outcome::Poison)
+            s.live.poison(false);
+            self.settle(delivery, Settle::Terminate, Fate::DeadLettered)
                 .await
         } else {
             tracing::warn!(id = %msg.id, failures, error = %err, "handler failed; delivering again");
             let delay = self.backoff(failures);
-            self.settle(delivery, Settle::Nak(delay), Outcome::Retry)
-                .await
+            self.settle(delivery, Settle::Nak(delay), Fate::Retry).await
         }
     }
 
@@ -375,30 +366,26 @@ impl<E: Effect> Consumer<E> {
             .min(max)
     }
 
-    async fn settle<D: Delivery>(&self, delivery: &D, how: Settle, outcome: Outcome) -> Outcome {
+    /// Settles the delivery as `fate` chose and counts what came of it.
+    async fn settle<D: Delivery>(&self, delivery: &D, how: Settle, fate: Fate) -> Outcome {
         let s = &*self.shared;
         let done = match how {
             Settle::Ack => delivery.ack().await,
             Settle::Nak(delay) => delivery.nak(delay).await,
             Settle::Terminate => delivery.terminate().await,
         };
-        match done {
-            Ok(()) => {
-                match outcome {
-                    Outcome::Processed => bump(&s.live.processed),
-                    Outcome::Duplicate => bump(&s.live.duplicates),
-                    _ => {}
-                }
-                outcome
-            }
+        let fate = match done {
+            Ok(()) => fate,
             Err(e) => {
                 // The effect (if any) is recorded: the broker delivers the message again
                 // and that delivery is acked as a replay.
+                let outcome = fate.outcome();
                 tracing::warn!(error = %e, ?outcome, "the broker did not take the settlement");
-                bump(&s.live.ack_failures);
-                Outcome::AckFailed
+                Fate::AckFailed
             }
-        }
+        };
+        s.live.settled(fate);
+        fate.outcome()
     }
 }
 
