@@ -65,6 +65,13 @@ pub fn replay_now<T, E: From<Error>>(
     found.map(|r| r.map_err(E::from))
 }
 
+/// The `idem` span a call in transactional mode runs in: the expansion runs the claim,
+/// the body and the record inside it (they borrow the caller's transaction, so no
+/// strategy future can own them), and `tx_begin`/`tx_end` set its outcome.
+pub fn tx_span(opts: &Options, key: &Key) -> tracing::Span {
+    crate::observe::span(opts, key)
+}
+
 /// Token consumption, as expanded from the attribute.
 pub fn token<C, T, E, F>(
     rt: Current,

@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::SqlStore;
 use super::own_tx::{Backoff, TxDatabase};
 use crate::codec::Codec;
+use crate::observe::{self, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
@@ -132,8 +133,32 @@ pub enum TxBegun<R> {
 /// The claim's lease is `opts.lease`: it only matters if the caller commits a claim
 /// whose body never finished (the call was cancelled), which then frees itself after
 /// the lease instead of blocking the key.
+///
+/// Runs inside the call's span ([`tx_span`](crate::__private::tx_span)), and sets its
+/// outcome when the call ends here (replayed, or failed).
 #[doc(hidden)]
 pub async fn tx_begin<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
+    conn: &mut X,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+) -> Result<TxBegun<Result<T, E>>, Error>
+where
+    C: Codec<T, E>,
+    X: TxConn + ?Sized,
+{
+    let log = key;
+    let begun = begin::<C, X, T, E>(idem, opts, conn, key, fingerprint).await;
+    match &begun {
+        Ok(TxBegun::Replayed(_)) => observe::outcome(opts, &log, Outcome::Replayed),
+        Ok(TxBegun::Claimed(_)) => {}
+        Err(e) => observe::failed(opts, &log, e),
+    }
+    begun
+}
+
+async fn begin<C, X, T, E>(
     idem: &Idem,
     opts: &Options,
     conn: &mut X,
@@ -227,12 +252,33 @@ where
 /// an `Err` the codec keeps) completes the record; anything else (an `Err` that releases
 /// the key, or a value that cannot be stored) rolls back to the savepoint, undoing the
 /// claim and the body's writes. Nothing is visible to others until the caller commits.
+/// Sets the outcome of the call's span: `ran`, `lease_lost` or `store_error`.
 #[doc(hidden)]
 pub async fn tx_end<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
     claim: TxClaim,
     conn: &mut X,
     result: &Result<T, E>,
 ) -> Result<(), Error>
+where
+    C: Codec<T, E>,
+    X: TxConn + ?Sized,
+{
+    let log = claim.key;
+    let ended = end::<C, X, T, E>(claim, conn, result).await;
+    match &ended {
+        Ok(()) => observe::outcome(opts, &log, Outcome::Ran),
+        Err(e @ Error::LeaseLost { .. }) => {
+            observe::failed(opts, &log, e);
+            idem.lease_lost(&log, false);
+        }
+        Err(e) => observe::failed(opts, &log, e),
+    }
+    ended
+}
+
+async fn end<C, X, T, E>(claim: TxClaim, conn: &mut X, result: &Result<T, E>) -> Result<(), Error>
 where
     C: Codec<T, E>,
     X: TxConn + ?Sized,
