@@ -51,7 +51,7 @@ pub fn replay_now<T, E: From<Error>>(
     let reuse = reuse?;
     let mut found: Option<Result<T, Error>> = None;
     rt.store().local()?.peek_memo(key, &mut |stored, memo| {
-        found = match crate::key::check_fingerprint(key, fp, stored) {
+        found = match crate::fingerprint::check_fingerprint(key, fp, stored) {
             Err(e) => Some(Err(e)),
             Ok(()) => reuse.get(memo).map(Ok),
         };
@@ -120,4 +120,22 @@ where
     T: 'a,
 {
     run_move(rt, machine, key, to, body)
+}
+
+/// Transactional mode's claim, as expanded from the attribute: on the store of the
+/// runtime `idem`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub async fn tx_begin<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
+    conn: &mut X,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+) -> Result<crate::store::sql::TxBegun<Result<T, E>>, Error>
+where
+    C: Codec<T, E>,
+    X: crate::store::sql::TxConn + ?Sized,
+{
+    crate::store::sql::tx_begin::<C, X, T, E>(idem.store().as_ref(), opts, conn, key, fingerprint)
+        .await
 }
