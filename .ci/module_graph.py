@@ -184,7 +184,9 @@ def main():
         print()
         for c in found:
             bad = True
-            print("CYCLE: " + " -> ".join(name(m) for m in c))
+            line = f"CYCLE in {src}: " + " -> ".join(name(m) for m in c)
+            print(line)
+            print(line, file=sys.stderr)
         if not found:
             print("No cycles.")
         print()

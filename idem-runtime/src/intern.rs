@@ -12,6 +12,52 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
 use crate::Error;
+use crate::key::{Digest, Key, KeyWriter, TOKEN_SCOPE};
+
+/// Keys and names for names known only at run time.
+impl Key {
+    /// The key for an already rendered string, in any namespace (interned on first use).
+    ///
+    /// # Panics
+    ///
+    /// If `namespace` is new and the process already keeps as many names as
+    /// [`Key::intern`] allows.
+    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
+        let namespace = Self::intern(namespace).unwrap_or_else(|e| panic!("{e}"));
+        KeyWriter::key(Digest::Portable, None, namespace, scope, |w| w.text(key))
+    }
+
+    /// The record key of the one-time token `token` in `namespace`, as a shared store
+    /// (one whose records processes share) names it. Tokens of a namespace share one
+    /// scope, since a token is valid for every token-strategy function.
+    ///
+    /// # Panics
+    ///
+    /// As [`Key::from_str`].
+    pub fn token(namespace: &str, token: &str) -> Key {
+        Self::from_str(namespace, TOKEN_SCOPE, token)
+    }
+
+    /// A `'static` copy of a namespace or function name known only at run time, for
+    /// [`Key::new`], [`Options::dedup`](crate::Options::dedup) and
+    /// [`Optimistic::new`](crate::Optimistic::new), which keep names as `&'static str` so
+    /// that keys stay `Copy`.
+    ///
+    /// Equal names share one copy, kept for the life of the process: interning a name
+    /// again costs nothing new. The process keeps at most 4096 distinct names (1 MiB of
+    /// text); past that, a new name is [`Error::Config`]. Make names from
+    /// configuration, not from request data: a tenant id belongs in the key.
+    ///
+    /// ```
+    /// use idem_runtime::Key;
+    /// let a = Key::intern(&format!("shop-{}", 1)).unwrap();
+    /// let b = Key::intern("shop-1").unwrap();
+    /// assert!(std::ptr::eq(a, b));
+    /// ```
+    pub fn intern(name: &str) -> Result<&'static str, Error> {
+        intern(name)
+    }
+}
 
 /// Most distinct names the process-wide table keeps.
 pub(crate) const MAX_NAMES: usize = 4096;

@@ -3,11 +3,8 @@
 use std::fmt::{self, Write as _};
 use std::sync::OnceLock;
 
-use serde::Serialize;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher as _;
-
-use crate::Error;
 
 /// The scope under which tokens live: a token is valid for every token-strategy function
 /// of its namespace, so its record does not name a function.
@@ -50,51 +47,9 @@ impl Key {
         })
     }
 
-    /// The key for an already rendered string, in any namespace (interned on first use).
-    ///
-    /// # Panics
-    ///
-    /// If `namespace` is new and the process already keeps as many names as
-    /// [`Key::intern`] allows.
-    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
-        let namespace = Self::intern(namespace).unwrap_or_else(|e| panic!("{e}"));
-        KeyWriter::key(Digest::Portable, None, namespace, scope, |w| w.text(key))
-    }
-
-    /// The record key of the one-time token `token` in `namespace`, as a shared store
-    /// (one whose records processes share) names it. Tokens of a namespace share one
-    /// scope, since a token is valid for every token-strategy function.
-    ///
-    /// # Panics
-    ///
-    /// As [`Key::from_str`].
-    pub fn token(namespace: &str, token: &str) -> Key {
-        Self::from_str(namespace, TOKEN_SCOPE, token)
-    }
-
     /// Whether this is a one-time token's record (see [`Key::token`]).
     pub fn is_token(&self) -> bool {
         self.scope == TOKEN_SCOPE
-    }
-
-    /// A `'static` copy of a namespace or function name known only at run time, for
-    /// [`Key::new`], [`Options::dedup`](crate::Options::dedup) and
-    /// [`Optimistic::new`](crate::Optimistic::new), which keep names as `&'static str` so
-    /// that keys stay `Copy`.
-    ///
-    /// Equal names share one copy, kept for the life of the process: interning a name
-    /// again costs nothing new. The process keeps at most 4096 distinct names (1 MiB of
-    /// text); past that, a new name is [`Error::Config`]. Make names from
-    /// configuration, not from request data: a tenant id belongs in the key.
-    ///
-    /// ```
-    /// use idem_runtime::Key;
-    /// let a = Key::intern(&format!("shop-{}", 1)).unwrap();
-    /// let b = Key::intern("shop-1").unwrap();
-    /// assert!(std::ptr::eq(a, b));
-    /// ```
-    pub fn intern(name: &str) -> Result<&'static str, Error> {
-        crate::intern::intern(name)
     }
 
     /// The namespace of the runtime that made the key.
@@ -431,94 +386,4 @@ fn truncate(hash: blake3::Hash) -> [u8; 16] {
     let mut digest = [0u8; 16];
     digest.copy_from_slice(&hash.as_bytes()[..16]);
     digest
-}
-
-/// Streams serialized arguments into a hasher.
-struct HashWriter(blake3::Hasher);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A digest of a call's arguments, stored with the record so that reusing a key with a
-/// different payload is caught ([`Error::PayloadMismatch`]) instead of replaying a result
-/// that belongs to other arguments.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint(pub [u8; 16]);
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint(")?;
-        for b in &self.0[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, ")")
-    }
-}
-
-/// A stored fingerprint that differs from the caller's is a payload mismatch. A record
-/// without one (written before fingerprints were added) is accepted.
-pub(crate) fn check_fingerprint(
-    key: &Key,
-    ours: Option<Fingerprint>,
-    theirs: Option<Fingerprint>,
-) -> Result<(), Error> {
-    match (ours, theirs) {
-        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
-        _ => Ok(()),
-    }
-}
-
-/// Builds a [`Fingerprint`] from serializable arguments, in order.
-///
-/// Arguments are hashed through their JSON form, so structs hash by field values. A
-/// `HashMap` argument hashes in its iteration order, which differs between processes:
-/// use a `BTreeMap` for arguments that are fingerprinted.
-///
-/// ```
-/// use idem_runtime::FingerprintBuilder;
-/// let mut a = FingerprintBuilder::new();
-/// a.add(&42u64).unwrap();
-/// a.add("eur").unwrap();
-/// let mut b = FingerprintBuilder::new();
-/// b.add(&42u64).unwrap();
-/// b.add("usd").unwrap();
-/// assert_ne!(a.finish(), b.finish());
-/// ```
-pub struct FingerprintBuilder(HashWriter);
-
-impl Default for FingerprintBuilder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl FingerprintBuilder {
-    /// An empty builder.
-    pub fn new() -> Self {
-        FingerprintBuilder(HashWriter(blake3::Hasher::new()))
-    }
-
-    /// Adds one argument.
-    pub fn add<S: Serialize + ?Sized>(&mut self, value: &S) -> Result<(), Error> {
-        serde_json::to_writer(&mut self.0, value).map_err(|e| {
-            Error::Config(format!("a fingerprinted argument does not serialize: {e}"))
-        })?;
-        // A separator that JSON never emits keeps (["a","b"]) apart from (["a"],"b").
-        self.0.0.update(&[0xff]);
-        Ok(())
-    }
-
-    /// The digest of everything added.
-    pub fn finish(&self) -> Fingerprint {
-        let mut out = [0u8; 16];
-        self.0.0.finalize_xof().fill(&mut out);
-        Fingerprint(out)
-    }
 }

@@ -47,6 +47,7 @@
 
 mod codec;
 mod error;
+mod fingerprint;
 mod inspect;
 mod intern;
 mod key;
@@ -61,12 +62,11 @@ pub mod testing;
 
 pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
+pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
-pub use inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
-pub use key::{Fingerprint, FingerprintBuilder, Key};
+pub use key::Key;
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
-pub use store::Store;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -77,6 +77,7 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
+pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::lock::fence;
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};

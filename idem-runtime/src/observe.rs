@@ -281,14 +281,11 @@ pub(crate) mod metrics_impl {
     use metrics::{Key, Label, Level, Metadata};
 
     use super::{CALLS_TOTAL, OUTCOMES, Op, Outcome, strategy_name};
+    use crate::options::CallKeys;
     use crate::{Options, Strategy};
 
     static META: Metadata<'static> =
         Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
-
-    /// `idem_calls_total` for one function: one key per outcome.
-    #[derive(Debug)]
-    pub(crate) struct CallKeys([Key; 8]);
 
     // One label set per store operation, in `Op` order, shared by both metrics.
     static OP_LABELS: [[Label; 1]; 5] = [

@@ -15,8 +15,9 @@ pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transitio
 pub use crate::codec::{
     ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
 };
+pub use crate::fingerprint::FingerprintBuilder;
+pub use crate::key::KeyWriter;
 pub use crate::key::parts::{Part, ViaDisplay, ViaFast};
-pub use crate::key::{FingerprintBuilder, KeyWriter};
 pub use crate::options::{OnDuplicate, Options};
 pub use crate::runtime::Current;
 pub use crate::strategy::optimistic::{Retry, retry_on_conflict};
@@ -25,6 +26,8 @@ pub use std::time::Duration;
 pub use tracing::Instrument;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use crate::store::sql::{TxBegun, tx_begin, tx_end};
+pub use crate::store::sql::TxBegun;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use entry::{tx_begin, tx_end};
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 pub use no_sql::{TxBegun, tx_begin, tx_end};

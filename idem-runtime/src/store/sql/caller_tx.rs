@@ -16,10 +16,9 @@ use std::time::Duration;
 use super::SqlStore;
 use super::own_tx::{Backoff, TxDatabase};
 use crate::codec::Codec;
-use crate::observe::{self, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
-use crate::{Error, Fingerprint, Idem, Key, Options};
+use crate::{Error, Fingerprint, Key, Options};
 
 /// What a function in transactional mode receives: the caller's open transaction,
 /// `&mut sqlx::Transaction<'_, DB>`, or the connection it runs on (`&mut PgConnection`,
@@ -110,6 +109,13 @@ pub struct TxClaim {
     savepoint: String,
 }
 
+impl TxClaim {
+    /// The key claimed (for the call's span and logs).
+    pub fn key(&self) -> Key {
+        self.key
+    }
+}
+
 /// What [`tx_begin`] found.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -121,8 +127,8 @@ pub enum TxBegun<R> {
     Claimed(TxClaim),
 }
 
-/// Claims `key` inside the caller's transaction `conn`, on the current runtime's
-/// `SqlStore` (which must be on the same database, so that everyone else sees the
+/// Claims `key` inside the caller's transaction `conn`, on `runtime_store`, the current
+/// runtime's `SqlStore` (which must be on the same database, so that everyone else sees the
 /// record once the caller commits).
 ///
 /// The claim row stays invisible to others until the caller commits; a duplicate in
@@ -133,12 +139,9 @@ pub enum TxBegun<R> {
 /// The claim's lease is `opts.lease`: it only matters if the caller commits a claim
 /// whose body never finished (the call was cancelled), which then frees itself after
 /// the lease instead of blocking the key.
-///
-/// Runs inside the call's span ([`tx_span`](crate::__private::tx_span)), and sets its
-/// outcome when the call ends here (replayed, or failed).
 #[doc(hidden)]
 pub async fn tx_begin<C, X, T, E>(
-    idem: &Idem,
+    runtime_store: &dyn Store,
     opts: &Options,
     conn: &mut X,
     key: Key,
@@ -148,35 +151,13 @@ where
     C: Codec<T, E>,
     X: TxConn + ?Sized,
 {
-    let log = key;
-    let begun = begin::<C, X, T, E>(idem, opts, conn, key, fingerprint).await;
-    match &begun {
-        Ok(TxBegun::Replayed(_)) => observe::outcome(opts, &log, Outcome::Replayed),
-        Ok(TxBegun::Claimed(_)) => {}
-        Err(e) => observe::failed(opts, &log, e),
-    }
-    begun
-}
-
-async fn begin<C, X, T, E>(
-    idem: &Idem,
-    opts: &Options,
-    conn: &mut X,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-) -> Result<TxBegun<Result<T, E>>, Error>
-where
-    C: Codec<T, E>,
-    X: TxConn + ?Sized,
-{
-    let store = idem
-        .store()
+    let store = runtime_store
         .as_any()
         .and_then(|s| s.downcast_ref::<SqlStore>())
         .ok_or_else(|| {
             Error::Config(format!(
                 "transactional mode needs the current runtime on a SqlStore (it is on {})",
-                idem.store().name()
+                runtime_store.name()
             ))
         })?;
     if X::Database::__pool(store).is_none() {
@@ -209,7 +190,7 @@ where
                 fingerprint: stored,
             })) => {
                 release(conn, &savepoint).await?;
-                crate::key::check_fingerprint(&key, fingerprint, stored)?;
+                crate::fingerprint::check_fingerprint(&key, fingerprint, stored)?;
                 return match opts.duplicate_policy() {
                     OnDuplicate::Reject => Err(Error::Duplicate { key }),
                     OnDuplicate::Replay => Ok(TxBegun::Replayed(C::decode(&key, &value)?)),
@@ -220,7 +201,7 @@ where
                 fingerprint: stored,
             })) => {
                 undo(conn, &savepoint).await?;
-                crate::key::check_fingerprint(&key, fingerprint, stored)?;
+                crate::fingerprint::check_fingerprint(&key, fingerprint, stored)?;
                 retry_in
             }
             // The statement kept losing races, or a twin's transaction held the row past
@@ -252,33 +233,12 @@ where
 /// an `Err` the codec keeps) completes the record; anything else (an `Err` that releases
 /// the key, or a value that cannot be stored) rolls back to the savepoint, undoing the
 /// claim and the body's writes. Nothing is visible to others until the caller commits.
-/// Sets the outcome of the call's span: `ran`, `lease_lost` or `store_error`.
 #[doc(hidden)]
 pub async fn tx_end<C, X, T, E>(
-    idem: &Idem,
-    opts: &Options,
     claim: TxClaim,
     conn: &mut X,
     result: &Result<T, E>,
 ) -> Result<(), Error>
-where
-    C: Codec<T, E>,
-    X: TxConn + ?Sized,
-{
-    let log = claim.key;
-    let ended = end::<C, X, T, E>(claim, conn, result).await;
-    match &ended {
-        Ok(()) => observe::outcome(opts, &log, Outcome::Ran),
-        Err(e @ Error::LeaseLost { .. }) => {
-            observe::failed(opts, &log, e);
-            idem.lease_lost(&log, false);
-        }
-        Err(e) => observe::failed(opts, &log, e),
-    }
-    ended
-}
-
-async fn end<C, X, T, E>(claim: TxClaim, conn: &mut X, result: &Result<T, E>) -> Result<(), Error>
 where
     C: Codec<T, E>,
     X: TxConn + ?Sized,
