@@ -6,9 +6,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idem_runtime::{
-    ClaimKind, ClaimRequest, Codec, Error, Idem, Key, MemoryStore, Options, Owner, ReplayOk, Store,
-};
+use idem_runtime::store::{ClaimKind, ClaimRequest, Owner};
+use idem_runtime::{Codec, Error, Idem, Key, MemoryStore, Options, ReplayOk, Store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,7 +24,7 @@ fn parts(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    let ns = idem_runtime::intern("bench");
+    let ns = "bench";
     let order_id = 42u64;
     let mut g = c.benchmark_group("parts");
     g.bench_function("key-digest", |b| {

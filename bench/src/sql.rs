@@ -62,7 +62,10 @@ pub async fn run_url(url: &str, per_case: Duration) -> Result<Vec<Row>, Error> {
         .store(store.clone())
         // Owner ids are unique across processes as a whole (random high half, counter low
         // half): the whole id keeps two runs, or a run after an interrupted one, apart.
-        .namespace(format!("bench-{:032x}", idem_runtime::Owner::next().0))
+        .namespace(format!(
+            "bench-{:032x}",
+            idem_runtime::store::Owner::next().0
+        ))
         .build();
 
     // Keys to replay: completed once, before the clock starts.
@@ -312,7 +315,7 @@ fn add(rows: &mut Vec<Row>, backend: &'static str, case: &'static str, tasks: us
 /// A 16-byte id unique to this run and `n`.
 fn id16(n: u64) -> [u8; 16] {
     static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let run = *RUN.get_or_init(|| (idem_runtime::Owner::next().0 >> 64) as u64);
+    let run = *RUN.get_or_init(|| (idem_runtime::store::Owner::next().0 >> 64) as u64);
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&run.to_le_bytes());
     b[8..].copy_from_slice(&n.to_le_bytes());

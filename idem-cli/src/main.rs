@@ -32,7 +32,7 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use idem_runtime::{Error, Idem, Options};
+use idem_runtime::{Error, Idem, Key, Options};
 
 use args::{Cli, Command, RecordArgs, TokensCommand};
 
@@ -124,10 +124,11 @@ async fn open(rec: &RecordArgs) -> Result<(Idem, Options, idem_runtime::Key), Fa
         .shared_store(store)
         .namespace(target.namespace.clone())
         .build();
-    let opts = if target.function == idem_runtime::TOKEN_SCOPE {
-        Options::token("idem-cli")
+    let token = Options::token("idem-cli");
+    let opts = if target.function == token.scope() {
+        token
     } else {
-        Options::dedup(idem_runtime::intern(&target.function))
+        Options::dedup(Key::intern(&target.function).map_err(Failure::from)?)
     };
     let key = idem.record_key(&opts, &rec.key);
     if let Some(pasted) = &target.digest

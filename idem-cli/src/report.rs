@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::{ClaimKind, Key, RecordCount, RecordInfo};
+use idem_runtime::store::ClaimKind;
+use idem_runtime::{Key, RecordCount, RecordInfo};
 use serde_json::{Value, json};
 
 fn kind_name(kind: ClaimKind) -> &'static str {

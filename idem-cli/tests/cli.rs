@@ -6,7 +6,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use idem_runtime::{ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, NoReplay, Options, Owner};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, NoReplay, Options};
 use serde_json::Value;
 
 static CHARGE: Options = Options::dedup("app::charge");

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, Optimistic, Options, intern};
+use idem_runtime::{Error, Idem, Key, Optimistic, Options};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::counters::{Counters, Live, bump};
+use crate::counters::{Counters, Live};
 use crate::effect::{Effect, Plain, Ran};
+use crate::observe::Fate;
 use crate::{ConsumerError, Delivery, Handler, Horizon, Message, Source};
 
 /// Builds a [`Consumer`]; see [`Consumer::builder`].
@@ -127,11 +128,15 @@ impl Builder {
     }
 
     fn build<E>(self, effect: E) -> Consumer<E> {
-        let attempts = Optimistic::new(intern(&format!("{}::attempts", self.opts.name())))
-            .ttl(self.opts.ttl_for());
+        // One name per consumer function, kept for the process's life like the function's
+        // own: only a process already at the interning limit (thousands of names) fails.
+        let family = Key::intern(&format!("{}::attempts", self.opts.name()))
+            .unwrap_or_else(|e| panic!("idem-consumer: {e}"));
+        let attempts = Optimistic::new(family).ttl(self.opts.ttl_for());
         Consumer {
             shared: Arc::new(Shared {
                 look: self.opts.clone().wait(Duration::ZERO),
+                live: Live::new(self.opts.name()),
                 idem: self.idem,
                 opts: self.opts,
                 attempts,
@@ -140,7 +145,6 @@ impl Builder {
                 concurrency: self.concurrency,
                 derive_ids: self.derive_ids,
                 effect,
-                live: Live::default(),
             }),
         }
     }
@@ -269,7 +273,7 @@ impl<E: Effect> Consumer<E> {
         let s = &*self.shared;
         let attempt = delivery.attempt();
         if attempt > 1 {
-            bump(&s.live.redeliveries);
+            s.live.redelivery();
         }
         let payload = delivery.payload();
         let id = match delivery.message_id() {
@@ -277,11 +281,8 @@ impl<E: Effect> Consumer<E> {
             _ if s.derive_ids => format!("blake3:{}", blake3::hash(&payload).to_hex()),
             _ => {
                 tracing::error!("a message without an id: terminated (dead-lettered)");
-                bump(&s.live.missing_id);
-                bump(&s.live.poison);
-                return self
-                    .settle(&delivery, Settle::Terminate, Outcome::Poison)
-                    .await;
+                s.live.poison(true);
+                return self.settle(&delivery, Settle::Terminate, Fate::NoId).await;
             }
         };
         let msg = Message {
@@ -291,25 +292,19 @@ impl<E: Effect> Consumer<E> {
         };
         let ran = with_progress(&delivery, self.run_effect(&msg)).await;
         match ran {
-            Ok(Ran::Effect) => {
-                self.settle(&delivery, Settle::Ack, Outcome::Processed)
-                    .await
-            }
-            Ok(Ran::Replayed) => {
-                self.settle(&delivery, Settle::Ack, Outcome::Duplicate)
-                    .await
-            }
+            Ok(Ran::Effect) => self.settle(&delivery, Settle::Ack, Fate::Processed).await,
+            Ok(Ran::Replayed) => self.settle(&delivery, Settle::Ack, Fate::Duplicate).await,
             Ok(Ran::Failed(e)) => self.failed(&delivery, &msg, e).await,
             Err(Error::InProgress { .. }) => {
                 let delay = s.effect.lease_left(&s.idem, &s.opts, &msg).await;
-                self.settle(&delivery, Settle::Nak(delay), Outcome::InFlight)
+                self.settle(&delivery, Settle::Nak(delay), Fate::InFlight)
                     .await
             }
             Err(e) => {
                 tracing::warn!(id = %msg.id, error = %e, "store failure; delivering again later");
-                bump(&s.live.store_errors);
+                s.live.store_error();
                 let delay = self.backoff(attempt);
-                self.settle(&delivery, Settle::Nak(delay), Outcome::StoreError)
+                self.settle(&delivery, Settle::Nak(delay), Fate::StoreError)
                     .await
             }
         }
@@ -321,7 +316,7 @@ impl<E: Effect> Consumer<E> {
         let s = &*self.shared;
         match s.effect.run(&s.idem, &s.look, msg).await {
             Err(Error::InProgress { .. }) => {
-                bump(&s.live.in_flight_duplicates);
+                s.live.in_flight_duplicate();
                 s.effect.run(&s.idem, &s.opts, msg).await
             }
             other => other,
@@ -335,7 +330,7 @@ impl<E: Effect> Consumer<E> {
         err: idem_runtime::BoxError,
     ) -> Outcome {
         let s = &*self.shared;
-        bump(&s.live.handler_errors);
+        s.live.handler_error();
         let counted = s
             .idem
             .update(&s.attempts, &msg.id, |n: Option<u32>| {
@@ -346,23 +341,22 @@ impl<E: Effect> Consumer<E> {
             Ok(v) => v.value,
             Err(e) => {
                 tracing::warn!(id = %msg.id, error = %e, "could not count the failure; delivering again later");
-                bump(&s.live.store_errors);
+                s.live.store_error();
                 let delay = self.backoff(msg.attempt);
                 return self
-                    .settle(delivery, Settle::Nak(delay), Outcome::StoreError)
+                    .settle(delivery, Settle::Nak(delay), Fate::StoreError)
                     .await;
             }
         };
         if failures >= s.max_attempts {
             tracing::error!(id = %msg.id, failures, error = %err, "poison message: terminated (dead-lettered)");
-            bump(&s.live.poison);
-            self.settle(delivery, Settle::Terminate, Outcome::Poison)
+            s.live.poison(false);
+            self.settle(delivery, Settle::Terminate, Fate::DeadLettered)
                 .await
         } else {
             tracing::warn!(id = %msg.id, failures, error = %err, "handler failed; delivering again");
             let delay = self.backoff(failures);
-            self.settle(delivery, Settle::Nak(delay), Outcome::Retry)
-                .await
+            self.settle(delivery, Settle::Nak(delay), Fate::Retry).await
         }
     }
 
@@ -372,30 +366,39 @@ impl<E: Effect> Consumer<E> {
             .min(max)
     }
 
-    async fn settle<D: Delivery>(&self, delivery: &D, how: Settle, outcome: Outcome) -> Outcome {
+    /// Settles the delivery as `fate` chose and counts what came of it.
+    async fn settle<D: Delivery>(&self, delivery: &D, how: Settle, fate: Fate) -> Outcome {
         let s = &*self.shared;
         let done = match how {
             Settle::Ack => delivery.ack().await,
             Settle::Nak(delay) => delivery.nak(delay).await,
             Settle::Terminate => delivery.terminate().await,
         };
-        match done {
-            Ok(()) => {
-                match outcome {
-                    Outcome::Processed => bump(&s.live.processed),
-                    Outcome::Duplicate => bump(&s.live.duplicates),
-                    _ => {}
-                }
-                outcome
-            }
+        let fate = match done {
+            Ok(()) => fate,
             Err(e) => {
                 // The effect (if any) is recorded: the broker delivers the message again
                 // and that delivery is acked as a replay.
+                let outcome = outcome_of(fate);
                 tracing::warn!(error = %e, ?outcome, "the broker did not take the settlement");
-                bump(&s.live.ack_failures);
-                Outcome::AckFailed
+                Fate::AckFailed
             }
-        }
+        };
+        s.live.settled(fate);
+        outcome_of(fate)
+    }
+}
+
+/// The outcome `process` returns for what was done with a delivery.
+fn outcome_of(fate: Fate) -> Outcome {
+    match fate {
+        Fate::Processed => Outcome::Processed,
+        Fate::Duplicate => Outcome::Duplicate,
+        Fate::InFlight => Outcome::InFlight,
+        Fate::Retry => Outcome::Retry,
+        Fate::DeadLettered | Fate::NoId => Outcome::Poison,
+        Fate::StoreError => Outcome::StoreError,
+        Fate::AckFailed => Outcome::AckFailed,
     }
 }
 

@@ -25,6 +25,10 @@
 //! record together, so no crash, kill or pause doubles it: a transaction left idle for
 //! the lease is ended by the server, and the paused consumer's commit is refused.
 //!
+//! What it did is counted in [`Consumer::counters`] and, with the `metrics` feature,
+//! published through the `metrics` facade as `idem_consumer_messages_total{operation,
+//! outcome}` and a few more counters: see [`observe`].
+//!
 //! ```
 //! use std::time::Duration;
 //! use bytes::Bytes;
@@ -68,6 +72,7 @@ mod error;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+pub mod observe;
 #[cfg(feature = "rabbitmq")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;

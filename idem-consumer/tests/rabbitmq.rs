@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Effects, eventually, settle, spawn, unique};
+use common::{Effects, eventually, settle, spawn, two_consumers_split_300_ids, unique};
 use idem_consumer::rabbitmq::RabbitSource;
 use idem_consumer::rabbitmq::lapin::options::{
     BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -174,19 +174,7 @@ async fn two_competing_consumers_on_one_queue_run_each_message_once() {
     let (_cha, sa) = r.source().await;
     let (_chb, sb) = r.source().await;
     let (ra, rb) = (spawn(&a, sa), spawn(&b, sb));
-    eventually(30, "400 deliveries settled", || {
-        let (x, y) = (a.counters(), b.counters());
-        x.processed + x.duplicates + y.processed + y.duplicates == 400
-    })
-    .await;
-    let (x, y) = (ra.stop().await, rb.stop().await);
-    assert_eq!(effects.distinct(), 300);
-    assert!(effects.doubled().is_empty(), "{:?}", effects.doubled());
-    assert_eq!(x.processed + y.processed, 300);
-    assert!(
-        x.processed > 0 && y.processed > 0,
-        "both consumers took work: {x:?} {y:?}"
-    );
+    two_consumers_split_300_ids((&a, ra), (&b, rb), &effects).await;
     r.delete().await;
 }
 

@@ -1,18 +1,14 @@
 //! Record identity: namespace, function and a digest of the rendered key.
 
-use std::collections::HashSet;
 use std::fmt::{self, Write as _};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
-use serde::Serialize;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher as _;
 
-use crate::Error;
-
 /// The scope under which tokens live: a token is valid for every token-strategy function
 /// of its namespace, so its record does not name a function.
-pub const TOKEN_SCOPE: &str = "token";
+pub(crate) const TOKEN_SCOPE: &str = "token";
 
 /// Longest input digested in one call from the stack; longer keys stream into a hasher.
 const INLINE: usize = 192;
@@ -30,7 +26,7 @@ const INLINE: usize = 192;
 /// idempotency key, say), and neither can a keyed hash whose key that writer never sees,
 /// so one caller can never be replayed another caller's result.
 ///
-/// `Copy`: namespaces are interned once per distinct name (see [`intern`]), so a key is
+/// `Copy`: namespaces are interned once per distinct name (see [`Key::intern`]), so a key is
 /// two static strings and 16 bytes, and passing one around touches no shared counter.
 /// `Display` prints `namespace/scope#<first 16 hex digits>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +38,7 @@ pub struct Key {
 
 impl Key {
     /// Renders `key` (usually `format_args!(...)`) straight into the digest, without
-    /// allocating the string. `namespace` must be interned (see [`intern`]).
+    /// allocating the string. `namespace` is a literal or a name from [`Key::intern`].
     pub fn new(namespace: &'static str, scope: &'static str, key: fmt::Arguments<'_>) -> Key {
         // Writing into the digest cannot fail; a `Display` impl that returns `Err` only
         // truncates what it contributed, which still yields a deterministic digest.
@@ -51,11 +47,9 @@ impl Key {
         })
     }
 
-    /// The key for an already rendered string, in any namespace (interned on first use).
-    pub fn from_str(namespace: &str, scope: &'static str, key: &str) -> Key {
-        KeyWriter::key(Digest::Portable, None, intern(namespace), scope, |w| {
-            w.text(key)
-        })
+    /// Whether this is a one-time token's record (see [`Key::token`]).
+    pub fn is_token(&self) -> bool {
+        self.scope == TOKEN_SCOPE
     }
 
     /// The namespace of the runtime that made the key.
@@ -63,7 +57,7 @@ impl Key {
         self.namespace
     }
 
-    /// The function path, or [`TOKEN_SCOPE`] for tokens.
+    /// The function path, or the scope all tokens share (see [`Key::is_token`]).
     pub fn scope(&self) -> &'static str {
         self.scope
     }
@@ -113,22 +107,6 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
-}
-
-/// Returns a `'static` copy of `namespace`, the same one for equal strings. A process
-/// has a handful of namespaces, each leaked once; keys then carry no reference counts.
-pub fn intern(namespace: &str) -> &'static str {
-    static INTERNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut set = INTERNED
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = set.get(namespace) {
-        return s;
-    }
-    let s: &'static str = Box::leak(namespace.to_owned().into_boxed_str());
-    set.insert(s);
-    s
 }
 
 /// Which 128-bit digest names records.
@@ -408,94 +386,4 @@ fn truncate(hash: blake3::Hash) -> [u8; 16] {
     let mut digest = [0u8; 16];
     digest.copy_from_slice(&hash.as_bytes()[..16]);
     digest
-}
-
-/// Streams serialized arguments into a hasher.
-struct HashWriter(blake3::Hasher);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A digest of a call's arguments, stored with the record so that reusing a key with a
-/// different payload is caught ([`Error::PayloadMismatch`]) instead of replaying a result
-/// that belongs to other arguments.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint(pub [u8; 16]);
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint(")?;
-        for b in &self.0[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, ")")
-    }
-}
-
-/// A stored fingerprint that differs from the caller's is a payload mismatch. A record
-/// without one (written before fingerprints were added) is accepted.
-pub(crate) fn check_fingerprint(
-    key: &Key,
-    ours: Option<Fingerprint>,
-    theirs: Option<Fingerprint>,
-) -> Result<(), Error> {
-    match (ours, theirs) {
-        (Some(a), Some(b)) if a != b => Err(Error::PayloadMismatch { key: *key }),
-        _ => Ok(()),
-    }
-}
-
-/// Builds a [`Fingerprint`] from serializable arguments, in order.
-///
-/// Arguments are hashed through their JSON form, so structs hash by field values. A
-/// `HashMap` argument hashes in its iteration order, which differs between processes:
-/// use a `BTreeMap` for arguments that are fingerprinted.
-///
-/// ```
-/// use idem_runtime::FingerprintBuilder;
-/// let mut a = FingerprintBuilder::new();
-/// a.add(&42u64).unwrap();
-/// a.add("eur").unwrap();
-/// let mut b = FingerprintBuilder::new();
-/// b.add(&42u64).unwrap();
-/// b.add("usd").unwrap();
-/// assert_ne!(a.finish(), b.finish());
-/// ```
-pub struct FingerprintBuilder(HashWriter);
-
-impl Default for FingerprintBuilder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl FingerprintBuilder {
-    /// An empty builder.
-    pub fn new() -> Self {
-        FingerprintBuilder(HashWriter(blake3::Hasher::new()))
-    }
-
-    /// Adds one argument.
-    pub fn add<S: Serialize + ?Sized>(&mut self, value: &S) -> Result<(), Error> {
-        serde_json::to_writer(&mut self.0, value).map_err(|e| {
-            Error::Config(format!("a fingerprinted argument does not serialize: {e}"))
-        })?;
-        // A separator that JSON never emits keeps (["a","b"]) apart from (["a"],"b").
-        self.0.0.update(&[0xff]);
-        Ok(())
-    }
-
-    /// The digest of everything added.
-    pub fn finish(&self) -> Fingerprint {
-        let mut out = [0u8; 16];
-        self.0.0.finalize_xof().fill(&mut out);
-        Fingerprint(out)
-    }
 }

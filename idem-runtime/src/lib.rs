@@ -25,8 +25,9 @@
 //! Called once or a thousand times, concurrently or as retries, from one process or
 //! many (with a shared store), the body runs once per key and every caller gets the
 //! same answer. [`idempotent`] lists the attribute's options; each strategy's module
-//! (`strategy::dedup`, `lock`, `token`, `optimistic`, `state_machine`, `bloom`) explains
-//! it in depth, with examples.
+//! ([`strategy::dedup`], [`lock`](strategy::lock), [`token`](strategy::token),
+//! [`optimistic`](strategy::optimistic), [`state_machine`](strategy::state_machine),
+//! [`bloom`](strategy::bloom)) explains it in depth, with examples.
 //!
 //! # Pieces
 //!
@@ -37,7 +38,8 @@
 //! - [`Idem`]: the runtime (a [`Store`] and a namespace), with a direct API for each
 //!   strategy: [`Idem::dedup`], [`Idem::lock`], [`Idem::issue_token`],
 //!   [`Idem::consume_token`].
-//! - [`Store`]: the one trait a backend implements; [`MemoryStore`] is built in.
+//! - [`Store`]: the one trait a backend implements; [`MemoryStore`] is built in. The
+//!   types only a backend's implementor needs live in [`store`].
 //! - [`Error`]: every failure, naming the key's digest, never the key.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -45,22 +47,24 @@
 
 mod codec;
 mod error;
+mod fingerprint;
 mod inspect;
+mod intern;
 mod key;
 pub mod observe;
 mod options;
 mod runtime;
 pub mod store;
-mod strategy;
+pub mod strategy;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use error::{BoxError, Error};
+pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
-pub use inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
-pub use key::{Fingerprint, FingerprintBuilder, Key, TOKEN_SCOPE, intern};
+pub use key::Key;
 pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
 pub use store::memory::MemoryStore;
@@ -73,9 +77,7 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
-pub use store::{
-    ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner, Store, Subscription,
-};
+pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::lock::fence;
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};

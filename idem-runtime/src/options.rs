@@ -52,8 +52,15 @@ pub struct Options {
     pub(crate) local_prefix: OnceLock<(&'static str, [u8; 16])>,
     /// This function's `idem_calls_total` keys, built on its first call.
     #[cfg(feature = "metrics")]
-    pub(crate) metric_keys: OnceLock<&'static crate::observe::metrics_impl::CallKeys>,
+    pub(crate) metric_keys: OnceLock<&'static CallKeys>,
 }
+
+/// `idem_calls_total` of one function, one series per outcome: built by `observe` on
+/// the function's first call and kept in its options, so later calls find them in one
+/// load. Defined here so that options do not depend on the module that fills them.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+pub(crate) struct CallKeys(pub(crate) [metrics::Key; 8]);
 
 /// Default time a completed record (or an issued token) is kept.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -162,8 +169,16 @@ impl Options {
         self.on_duplicate
     }
 
-    /// The key scope: the name, or the shared token scope.
-    pub(crate) fn scope(&self) -> &'static str {
+    /// The scope these options' records are stored under, which errors, logs and
+    /// [`RecordCount::function`](crate::RecordCount::function) print as the function:
+    /// the name, or for tokens the scope every token of a namespace shares.
+    ///
+    /// ```
+    /// use idem_runtime::Options;
+    /// assert_eq!(Options::dedup("shop::charge").scope(), "shop::charge");
+    /// assert_eq!(Options::token("shop::pay").scope(), Options::token("other").scope());
+    /// ```
+    pub fn scope(&self) -> &'static str {
         match self.strategy {
             Strategy::Token => crate::key::TOKEN_SCOPE,
             _ => self.name,

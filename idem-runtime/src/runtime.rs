@@ -6,12 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::codec::{Codec, ReplayOk};
 use crate::key::{Digest, KeyWriter};
+use crate::store::Store;
 use crate::store::memory::MemoryStore;
-use crate::store::{ClaimKind, Store};
-use crate::strategy::{dedup, lock, token};
-use crate::{Error, Fingerprint, Key, Options};
+use crate::{Error, Key, Options};
 
 /// An idem runtime: a [`Store`] and a namespace. Cheap to clone (one `Arc`).
 ///
@@ -89,31 +87,45 @@ impl Builder {
     }
 
     /// The namespace: part of every key, so services (or environments) sharing one
-    /// store never see each other's records. Default: `"idem"`.
+    /// store never see each other's records. Default: `"idem"`. A process keeps each
+    /// distinct namespace for its life (see [`Key::intern`](crate::Key::intern)), so make
+    /// them from configuration, not per tenant or per request.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self
     }
 
     /// The runtime.
+    ///
+    /// # Panics
+    ///
+    /// If the namespace is new and the process already keeps as many names as
+    /// [`Key::intern`](crate::Key::intern) allows; [`Builder::try_build`] returns that
+    /// as an error instead.
     pub fn build(self) -> Idem {
+        self.try_build().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The runtime, or [`Error::Config`](crate::Error::Config) if its namespace cannot be
+    /// kept (see [`Key::intern`](crate::Key::intern)).
+    pub fn try_build(self) -> Result<Idem, crate::Error> {
+        let namespace =
+            crate::intern::intern(self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))?;
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let digest = if store.local().is_some() {
             Digest::Local
         } else {
             Digest::Portable
         };
-        Idem {
+        Ok(Idem {
             inner: Arc::new(Inner {
                 store,
-                namespace: crate::key::intern(
-                    self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
-                ),
+                namespace,
                 digest,
                 lease_lost: AtomicU64::new(0),
                 store_failures: AtomicU64::new(0),
             }),
-        }
+        })
     }
 }
 
@@ -258,86 +270,6 @@ impl Idem {
         KeyWriter::key(self.inner.digest, None, ns, crate::key::TOKEN_SCOPE, |w| {
             w.text(token)
         })
-    }
-
-    /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
-    /// RNG. Consume it with a `strategy = "token"` function (or [`Idem::consume_token`]);
-    /// it is valid for every token-strategy function of this namespace.
-    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
-        token::issue(self, ttl).await
-    }
-
-    /// Dedup without the macro: runs `body` once per `key` and replays its `Ok` value to
-    /// every later or concurrent call with the same key (an `Err` releases the key so a
-    /// retry runs). `opts` must be dedup options.
-    pub fn dedup<'a, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        self.dedup_with::<ReplayOk, T, E, F>(opts, key, None, body)
-    }
-
-    /// Dedup with an explicit [`Codec`] (what is stored and replayed) and an optional
-    /// payload [`Fingerprint`].
-    ///
-    /// The key is rendered before the returned future is first polled, so a key type
-    /// that is not `Send` does not make the future `!Send`.
-    pub fn dedup_with<'a, C, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        fingerprint: Option<Fingerprint>,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        C: Codec<T, E>,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let key = self.key(opts, format_args!("{key}"));
-        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Dedup, key, fingerprint, None, body)
-    }
-
-    /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
-    /// `opts.wait` for it. Inside, [`fence`](crate::fence) returns the fencing token.
-    pub fn lock<'a, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let key = self.key(opts, format_args!("{key}"));
-        lock::run(self, opts, key, body)
-    }
-
-    /// Consumes `token` (from [`Idem::issue_token`]) by running `body` once. A second
-    /// consumption is rejected (or replayed, with a replaying codec); an unknown or
-    /// expired token is [`Error::TokenInvalid`]; an `Err` from the body (not cached)
-    /// returns the token to its issued state, so it can be used again.
-    pub async fn consume_token<C, T, E, F>(
-        &self,
-        opts: &Options,
-        token: &str,
-        body: F,
-    ) -> Result<T, E>
-    where
-        C: Codec<T, E>,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let key = self.token_key(token);
-        dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, None, body).await
     }
 
     pub(crate) fn lease_lost(&self, key: &Key, observed: bool) {

@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_runtime::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Fingerprint, Key, MemoryStore, Owner, Store,
-};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Fingerprint, Key, MemoryStore, Store};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

@@ -7,10 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_runtime::store::BoxFuture;
-use idem_runtime::{
-    ClaimOutcome, ClaimRequest, Error, Idem, Key, MemoryStore, Options, Owner, Store,
-};
+use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, Key, MemoryStore, Options, Store};
 
 /// A memory store with two injectable faults, each firing once: the first claim is
 /// applied but answered with a store error (a lost answer), and the first completion

@@ -8,11 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_runtime::store::BoxFuture;
-use idem_runtime::{
-    ClaimOutcome, ClaimRequest, Error, Idem, MemoryStore, Options, Owner, Store, Subscription,
-    idempotent,
-};
+use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Subscription};
+use idem_runtime::{Error, Idem, MemoryStore, Options, Store, idempotent};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};

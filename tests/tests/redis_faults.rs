@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use harness::{Proxy, RedisServer};
 use idem_runtime::store::redis::redis::AsyncCommands;
-use idem_runtime::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Options, Owner, RedisStore, Store,
-};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, Options, RedisStore, Store};
 
 static KILL9: Options = Options::dedup("redis_faults::kill9").lease(Duration::from_secs(3));
 static PAUSE: Options = Options::lock("redis_faults::pause")

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem_runtime::store::redis::NotReplicated;
-use idem_runtime::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Key, Options, Owner, RedisStore, Store,
-};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, Key, Options, RedisStore, Store};
 use sentinel::SentinelSet;
 
 static PAY: Options = Options::dedup("redis_sentinel::pay").wait(Duration::ZERO);

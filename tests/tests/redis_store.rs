@@ -12,9 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use harness::{Proxy, RedisServer};
 use idem_runtime::store::redis::redis::{self, AsyncCommands};
-use idem_runtime::{
-    ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Key, Options, Owner, RedisStore, Store,
-};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::{Error, Idem, Key, Options, RedisStore, Store};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -351,11 +350,7 @@ async fn garbage_records_are_corrupt() {
         assert_eq!(kind, expected, "{what}");
     }
     // An issued token that never expires (someone ran PERSIST on it).
-    let key = Key::from_str(
-        &harness::unique("garbage-tok"),
-        idem_runtime::TOKEN_SCOPE,
-        "t",
-    );
+    let key = Key::token(&harness::unique("garbage-tok"), "t");
     assert!(store.issue(&key, Duration::from_secs(30)).await.unwrap());
     let _: () = c.persist(store.record_name(&key)).await.unwrap();
     let r = store
@@ -389,7 +384,7 @@ async fn token_claims_return_to_issued() {
     let url = harness::shared_url();
     let store = RedisStore::connect(url).unwrap();
     let ns: Arc<str> = Arc::from(harness::unique("token").as_str());
-    let key = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "tok");
+    let key = Key::token(&ns, "tok");
     let mut c = raw(url).await;
     assert!(store.issue(&key, Duration::from_secs(30)).await.unwrap());
     assert!(!store.issue(&key, Duration::from_secs(30)).await.unwrap());
@@ -449,7 +444,7 @@ async fn token_claims_return_to_issued() {
         store.claim(&key, &ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(100))).await.unwrap(),
         ClaimOutcome::Completed { value, .. } if value == Bytes::from_static(b"y")
     ));
-    let unknown = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "never-issued");
+    let unknown = Key::token(&ns, "never-issued");
     assert_eq!(
         store.claim(&unknown, &c2).await.unwrap(),
         ClaimOutcome::Missing
@@ -463,7 +458,7 @@ async fn token_claims_renew_their_lease() {
     let url = harness::shared_url();
     let store = RedisStore::connect(url).unwrap();
     let ns: Arc<str> = Arc::from(harness::unique("token-renew").as_str());
-    let key = Key::from_str(&ns, idem_runtime::TOKEN_SCOPE, "tok");
+    let key = Key::token(&ns, "tok");
     let mut c = raw(url).await;
     assert!(store.issue(&key, ms(2500)).await.unwrap());
     let a = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(1000))

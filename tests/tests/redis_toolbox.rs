@@ -8,8 +8,8 @@ mod harness;
 use std::sync::{Arc, OnceLock};
 
 use idem_runtime::store::redis::redis;
-use idem_runtime::store::{Settle, StateStore, TransitionRequest};
-use idem_runtime::{BloomFilter, Error, Idem, Optimistic, Owner, RedisStore, StateMachine, Store};
+use idem_runtime::store::{Owner, Settle, StateStore, TransitionRequest};
+use idem_runtime::{BloomFilter, Error, Idem, Optimistic, RedisStore, StateMachine, Store};
 
 idem_runtime::toolbox_conformance_tests!(standalone, || async {
     Arc::new(RedisStore::connect(harness::shared_url()).expect("store")) as Arc<dyn Store>

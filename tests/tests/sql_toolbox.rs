@@ -70,7 +70,7 @@ fn recipe_on_own_table_postgres() {
     runtime().block_on(async {
         let store = connect(support::pg_url(), PG_START).await;
         let pool = store.pg_pool().expect("postgres").clone();
-        let table = format!("accounts_{:x}", idem_runtime::Owner::next().0 as u64);
+        let table = format!("accounts_{:x}", idem_runtime::store::Owner::next().0 as u64);
         sqlx::query(AssertSqlSafe(format!(
             "CREATE TABLE {table} (id TEXT PRIMARY KEY, balance BIGINT NOT NULL, version BIGINT NOT NULL)"
         )))
@@ -134,7 +134,7 @@ fn purge_deletes_expired_toolbox_rows() {
         let store = connect(sqlite_url(), "").await;
         let idem = Idem::builder()
             .shared_store(Arc::new(store.clone()) as Arc<dyn Store>)
-            .namespace(format!("purge-{:x}", idem_runtime::Owner::next().0))
+            .namespace(format!("purge-{:x}", idem_runtime::store::Owner::next().0))
             .build();
         static SHORT: Optimistic = Optimistic::new("purge::short").ttl(Duration::from_millis(50));
         for i in 0..10 {

@@ -13,10 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use idem_runtime::store::BoxFuture;
-use idem_runtime::{
-    ClaimOutcome, ClaimRequest, Error, Idem, Key, Options, Owner, Store, Subscription,
-};
+use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Subscription};
+use idem_runtime::{Error, Idem, Key, Options, Store};
 
 use super::ledger::Ledger;
 use super::rng::Rng;

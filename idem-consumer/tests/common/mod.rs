@@ -63,6 +63,29 @@ impl Effects {
     }
 }
 
+/// Waits until two consumers (`a` running as `ra`, `b` as `rb`) have settled 400
+/// deliveries of 300 distinct ids, stops them, and checks that they split the work:
+/// each id's effect ran exactly once, and both consumers took some.
+pub async fn two_consumers_split_300_ids<A: Effect, B: Effect>(
+    (a, ra): (&idem_consumer::Consumer<A>, Running),
+    (b, rb): (&idem_consumer::Consumer<B>, Running),
+    effects: &Effects,
+) {
+    eventually(30, "400 deliveries settled", || {
+        let (x, y) = (a.counters(), b.counters());
+        x.processed + x.duplicates + y.processed + y.duplicates == 400
+    })
+    .await;
+    let (x, y) = (ra.stop().await, rb.stop().await);
+    assert_eq!(effects.distinct(), 300);
+    assert!(effects.doubled().is_empty(), "{:?}", effects.doubled());
+    assert_eq!(x.processed + y.processed, 300);
+    assert!(
+        x.processed > 0 && y.processed > 0,
+        "both consumers took work: {x:?} {y:?}"
+    );
+}
+
 /// A consumer running in the background.
 pub struct Running {
     stop: Option<oneshot::Sender<()>>,

@@ -51,7 +51,7 @@ pub fn replay_now<T, E: From<Error>>(
     let reuse = reuse?;
     let mut found: Option<Result<T, Error>> = None;
     rt.store().local()?.peek_memo(key, &mut |stored, memo| {
-        found = match crate::key::check_fingerprint(key, fp, stored) {
+        found = match crate::fingerprint::check_fingerprint(key, fp, stored) {
             Err(e) => Some(Err(e)),
             Ok(()) => reuse.get(memo).map(Ok),
         };
@@ -63,6 +63,13 @@ pub fn replay_now<T, E: From<Error>>(
     crate::observe::answered_now(key, outcome);
     // The caller's error conversion runs here, outside the store's lock.
     found.map(|r| r.map_err(E::from))
+}
+
+/// The `idem` span a call in transactional mode runs in: the expansion runs the claim,
+/// the body and the record inside it (they borrow the caller's transaction, so no
+/// strategy future can own them), and `tx_begin`/`tx_end` set its outcome.
+pub fn tx_span(opts: &Options, key: &Key) -> tracing::Span {
+    crate::observe::span(opts, key)
 }
 
 /// Token consumption, as expanded from the attribute.
@@ -120,4 +127,65 @@ where
     T: 'a,
 {
     run_move(rt, machine, key, to, body)
+}
+
+/// Transactional mode's claim, as expanded from the attribute: on the store of the
+/// runtime `idem`. Runs inside the call's span ([`tx_span`]) and sets its outcome when
+/// the call ends here (replayed, or failed).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub async fn tx_begin<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
+    conn: &mut X,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+) -> Result<crate::store::sql::TxBegun<Result<T, E>>, Error>
+where
+    C: Codec<T, E>,
+    X: crate::store::sql::TxConn + ?Sized,
+{
+    use crate::observe::{self, Outcome};
+    use crate::store::sql::TxBegun;
+    let begun = crate::store::sql::tx_begin::<C, X, T, E>(
+        idem.store().as_ref(),
+        opts,
+        conn,
+        key,
+        fingerprint,
+    )
+    .await;
+    match &begun {
+        Ok(TxBegun::Replayed(_)) => observe::outcome(opts, &key, Outcome::Replayed),
+        Ok(TxBegun::Claimed(_)) => {}
+        Err(e) => observe::failed(opts, &key, e),
+    }
+    begun
+}
+
+/// Transactional mode's record, as expanded from the attribute: sets the outcome of the
+/// call's span (`ran`, `lease_lost` or `store_error`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub async fn tx_end<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
+    claim: crate::store::sql::TxClaim,
+    conn: &mut X,
+    result: &Result<T, E>,
+) -> Result<(), Error>
+where
+    C: Codec<T, E>,
+    X: crate::store::sql::TxConn + ?Sized,
+{
+    use crate::observe::{self, Outcome};
+    let key = claim.key();
+    let ended = crate::store::sql::tx_end::<C, X, T, E>(claim, conn, result).await;
+    match &ended {
+        Ok(()) => observe::outcome(opts, &key, Outcome::Ran),
+        Err(e @ Error::LeaseLost { .. }) => {
+            observe::failed(opts, &key, e);
+            idem.lease_lost(&key, false);
+        }
+        Err(e) => observe::failed(opts, &key, e),
+    }
+    ended
 }

@@ -10,20 +10,24 @@ mod entry;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 mod no_sql;
 
-pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition};
+pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition, tx_span};
 
 pub use crate::codec::{
     ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
 };
+pub use crate::fingerprint::FingerprintBuilder;
+pub use crate::key::KeyWriter;
 pub use crate::key::parts::{Part, ViaDisplay, ViaFast};
-pub use crate::key::{FingerprintBuilder, KeyWriter};
 pub use crate::options::{OnDuplicate, Options};
 pub use crate::runtime::Current;
 pub use crate::strategy::optimistic::{Retry, retry_on_conflict};
 pub use crate::strategy::state_machine::StateMachine;
 pub use std::time::Duration;
+pub use tracing::Instrument;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use crate::store::sql::{TxBegun, tx_begin, tx_end};
+pub use crate::store::sql::TxBegun;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use entry::{tx_begin, tx_end};
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 pub use no_sql::{TxBegun, tx_begin, tx_end};

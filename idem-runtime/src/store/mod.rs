@@ -27,14 +27,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-pub use crate::inspect::{RecordCount, RecordCounts, RecordInfo, RecordState};
 use crate::{Error, Key};
 
 mod claim;
+mod inspection;
 mod local;
 pub mod memory;
 mod toolbox;
 pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
+pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use local::{LocalStore, Memo};
 pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
-use crate::key::check_fingerprint;
+use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Op};
 use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Memo, Owner, Store, Subscription};
 use crate::{Error, Fingerprint, Key};

@@ -10,6 +10,7 @@ use super::claim::{ClaimGuard, claim, retry_settle, undo_uncertain_claim, with_h
 use crate::observe::{self, Op, Outcome};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
+use std::fmt;
 
 tokio::task_local! {
     static FENCE: u64;
@@ -108,4 +109,22 @@ where
         }
     }
     result
+}
+
+impl Idem {
+    /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
+    /// `opts.wait` for it. Inside, [`fence`](crate::fence) returns the fencing token.
+    pub fn lock<'a, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        run(self, opts, key, body)
+    }
 }

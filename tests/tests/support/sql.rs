@@ -21,14 +21,14 @@ pub(crate) fn mysql_url() -> String {
 
 /// A namespace no other test (or earlier run) uses.
 pub(crate) fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:032x}", idem_runtime::Owner::next().0)
+    format!("{prefix}-{:032x}", idem_runtime::store::Owner::next().0)
 }
 
 /// A short random suffix for table and database names.
 pub(crate) fn suffix() -> String {
     format!(
         "{:016x}",
-        idem_runtime::Owner::next().0 as u64 ^ std::process::id() as u64
+        idem_runtime::store::Owner::next().0 as u64 ^ std::process::id() as u64
     )
 }
 
@@ -67,9 +67,8 @@ macro_rules! sql_store_tests {
         use std::time::Duration;
 
         use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe, Transaction};
-        use idem_runtime::{
-            ClaimKind, ClaimOutcome, ClaimRequest, Error, Idem, Options, Owner, SqlStore, Store,
-        };
+        use idem_runtime::{Error, Idem, Options, SqlStore, Store};
+        use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
         use support::{eventually, ms, unique};
 
         async fn store() -> SqlStore {

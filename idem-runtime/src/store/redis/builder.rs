@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::connect::{Connections, Source};
 use super::notify::Notifier;
+use super::reach::Target;
 use super::record::millis;
 use super::replicas::Wait;
 use super::{
@@ -151,7 +152,7 @@ impl RedisStoreBuilder {
             .build()
             .map_err(|e| Error::Config(format!("redis pool: {e}")))?;
         self.pubsub_urls.insert(0, url.to_owned());
-        self.build(Source::Single(pool))
+        self.build(Source::Single(pool), Target::single(url))
     }
 
     /// A store on connections from `pool`, which the application may keep using.
@@ -170,7 +171,8 @@ impl RedisStoreBuilder {
             tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
             Vec::new()
         });
-        self.assemble(Source::Single(pool), clients)
+        let target = Target::pool(self.pubsub_urls.first().map(String::as_str));
+        self.assemble(Source::Single(pool), target, clients)
     }
 
     /// A store on the Redis Cluster reached through any of `urls` (feature
@@ -206,10 +208,11 @@ impl RedisStoreBuilder {
             .recycle_timeout(Some(self.timeout))
             .build()
             .map_err(|e| Error::Config(format!("redis cluster pool: {e}")))?;
+        let target = Target::cluster(&urls);
         let mut pubsub = urls;
         pubsub.append(&mut self.pubsub_urls);
         self.pubsub_urls = pubsub;
-        self.build(Source::Cluster(pool))
+        self.build(Source::Cluster(pool), target)
     }
 
     /// A store on connections from a Redis Cluster `pool` (feature `redis-cluster`).
@@ -231,7 +234,8 @@ impl RedisStoreBuilder {
             tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
             Vec::new()
         });
-        self.assemble(Source::Cluster(pool), clients)
+        let target = Target::cluster(&self.pubsub_urls);
+        self.assemble(Source::Cluster(pool), target, clients)
     }
 
     /// A store on the primary of `service` as the sentinels at `sentinels`
@@ -265,7 +269,8 @@ impl RedisStoreBuilder {
         let parsed = super::sentinel::SentinelUrl::parse(url)?;
         let source =
             super::sentinel::SentinelSource::new(&parsed, self.timeout, self.call_bound())?;
-        self.build(Source::Sentinel(Arc::new(source)))
+        let target = Target::sentinel(&parsed.sentinels, &parsed.service);
+        self.build(Source::Sentinel(Arc::new(source)), target)
     }
 
     #[cfg(not(feature = "redis-sentinel"))]
@@ -281,9 +286,9 @@ impl RedisStoreBuilder {
         self.timeout + self.wait.map_or(Duration::ZERO, |w| w.timeout)
     }
 
-    fn build(self, source: Source) -> Result<RedisStore, Error> {
+    fn build(self, source: Source, target: Target) -> Result<RedisStore, Error> {
         let clients = self.clients()?;
-        Ok(self.assemble(source, clients))
+        Ok(self.assemble(source, target, clients))
     }
 
     fn clients(&self) -> Result<Vec<redis::Client>, Error> {
@@ -294,11 +299,11 @@ impl RedisStoreBuilder {
             .map_err(|e| Error::Config(format!("redis URL: {e}")))
     }
 
-    fn assemble(self, source: Source, clients: Vec<redis::Client>) -> RedisStore {
+    fn assemble(self, source: Source, target: Target, clients: Vec<redis::Client>) -> RedisStore {
         let channel = format!("{}notify", self.prefix);
         RedisStore {
             inner: Arc::new(Inner {
-                conns: Connections::new(source, self.connections),
+                conns: Connections::new(source, target, self.connections),
                 notifier: Arc::new(Notifier::new(clients, channel, self.timeout)),
                 prefix: self.prefix,
                 timeout: self.timeout,

@@ -8,6 +8,9 @@
 //! user's pool once, kept checked out) spread the encoding and socket work of many tasks
 //! over the executor's threads. `idem-bench` measures the three designs side by side.
 //!
+//! A connection that cannot be made fails the call with an [`Unreachable`](super::Unreachable)
+//! naming the server and the cause.
+//!
 //! A connection that fails at the transport level (I/O error, dropped, or no answer
 //! within the timeout) is taken out of the pool and dropped; the next call on that slot
 //! checks out a fresh one, so the store recovers on its own when the server returns.
@@ -18,6 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
+use super::reach::Target;
 use crate::Error;
 
 /// A multiplexed connection to a standalone server or to a cluster.
@@ -120,15 +124,18 @@ pub(crate) struct Lease {
 
 pub(crate) struct Connections {
     source: Source,
+    /// What `source` connects to, for messages.
+    target: Target,
     slots: Box<[Slot]>,
     next: AtomicUsize,
     generation: AtomicU64,
 }
 
 impl Connections {
-    pub(crate) fn new(source: Source, count: usize) -> Self {
+    pub(crate) fn new(source: Source, target: Target, count: usize) -> Self {
         Connections {
             source,
+            target,
             slots: (0..count.max(1))
                 .map(|_| Slot {
                     current: Mutex::new(None),
@@ -140,8 +147,13 @@ impl Connections {
         }
     }
 
+    #[cfg(feature = "redis-cluster")]
     pub(crate) fn source(&self) -> &Source {
         &self.source
+    }
+
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
     }
 
     /// A connection for one call (round-robin over the slots), if its slot has one;
@@ -159,12 +171,17 @@ impl Connections {
         if let Some(lease) = self.current(slot) {
             return Ok(lease);
         }
+        let unreachable = |e| Error::store(self.unreachable(e));
         let held = match &self.source {
-            Source::Single(pool) => Held::Single(pool.get().await.map_err(Error::store)?),
+            Source::Single(pool) => Held::Single(pool.get().await.map_err(unreachable)?),
             #[cfg(feature = "redis-cluster")]
-            Source::Cluster(pool) => Held::Cluster(pool.get().await.map_err(Error::store)?),
+            Source::Cluster(pool) => Held::Cluster(pool.get().await.map_err(unreachable)?),
             #[cfg(feature = "redis-sentinel")]
-            Source::Sentinel(s) => Held::Sentinel(s.connect().await?),
+            Source::Sentinel(s) => Held::Sentinel(
+                s.connect()
+                    .await
+                    .map_err(|e| Error::store(self.target.unreachable(&e)))?,
+            ),
         };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         let conn = held.conn();
@@ -174,6 +191,17 @@ impl Connections {
             slot,
             generation,
         })
+    }
+
+    /// Why the pool gave no connection.
+    fn unreachable(&self, e: deadpool_redis::PoolError) -> super::Unreachable {
+        use deadpool_redis::{PoolError, TimeoutType};
+        match e {
+            PoolError::Backend(e) => self.target.unreachable(&e),
+            // No connection within the store's timeout (the pool's create timeout).
+            PoolError::Timeout(TimeoutType::Create) => self.target.no_answer(e.to_string()),
+            e => self.target.other(e.to_string()),
+        }
     }
 
     fn current(&self, slot: usize) -> Option<Lease> {

@@ -48,12 +48,16 @@
 //! a duplicate waiting for its twin is woken through pub/sub within milliseconds of the
 //! twin finishing; every call is bounded by [`RedisStoreBuilder::timeout`] and fails
 //! with [`Error::Store`], and a broken connection is replaced on the next call, so the
-//! store recovers by itself when the server returns.
+//! store recovers by itself when the server returns. A call that cannot connect fails
+//! with an [`Unreachable`] as the error's source, naming the server (or the Cluster's
+//! nodes, or the Sentinel service) and the [`Cause`]: refused, name lookup,
+//! authentication, TLS, no answer, no reachable node, no primary.
 
 mod builder;
 mod connect;
 mod notify;
 mod operate;
+mod reach;
 mod record;
 mod replicas;
 mod reply;
@@ -69,8 +73,11 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use self::connect::{Connections, Source, is_transport_error};
+#[cfg(feature = "redis-cluster")]
+use self::connect::Source;
+use self::connect::{Connections, is_transport_error};
 use self::notify::Notifier;
+pub use self::reach::{Cause, Unreachable};
 use self::record::hex32;
 pub use self::replicas::NotReplicated;
 use self::replicas::Wait;
@@ -272,7 +279,7 @@ impl RedisStore {
             Ok(lease) => lease,
             Err(slot) => Box::pin(tokio::time::timeout_at(deadline, inner.conns.connect(slot)))
                 .await
-                .map_err(|_| timed_out())??,
+                .map_err(|_| Error::store(inner.conns.target().timed_out(bound)))??,
         };
         let run = async {
             if let Some(wait) = wait {

@@ -122,18 +122,11 @@ impl SentinelSource {
 
     /// A connection to the server the sentinels name as primary (checked with `ROLE`).
     /// Not bounded by itself: the caller wraps it in the call's timeout.
-    pub(crate) async fn connect(&self) -> Result<MultiplexedConnection, Error> {
-        let client = self
-            .client
-            .lock()
-            .await
-            .async_get_client()
-            .await
-            .map_err(Error::store)?;
+    pub(crate) async fn connect(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+        let client = self.client.lock().await.async_get_client().await?;
         client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(Error::store)
     }
 }
 

@@ -18,7 +18,7 @@ use super::own_tx::{Backoff, TxDatabase};
 use crate::codec::Codec;
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Store};
-use crate::{Error, Fingerprint, Idem, Key, Options};
+use crate::{Error, Fingerprint, Key, Options};
 
 /// What a function in transactional mode receives: the caller's open transaction,
 /// `&mut sqlx::Transaction<'_, DB>`, or the connection it runs on (`&mut PgConnection`,
@@ -109,6 +109,13 @@ pub struct TxClaim {
     savepoint: String,
 }
 
+impl TxClaim {
+    /// The key claimed (for the call's span and logs).
+    pub fn key(&self) -> Key {
+        self.key
+    }
+}
+
 /// What [`tx_begin`] found.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -120,8 +127,8 @@ pub enum TxBegun<R> {
     Claimed(TxClaim),
 }
 
-/// Claims `key` inside the caller's transaction `conn`, on the current runtime's
-/// `SqlStore` (which must be on the same database, so that everyone else sees the
+/// Claims `key` inside the caller's transaction `conn`, on `runtime_store`, the current
+/// runtime's `SqlStore` (which must be on the same database, so that everyone else sees the
 /// record once the caller commits).
 ///
 /// The claim row stays invisible to others until the caller commits; a duplicate in
@@ -134,7 +141,7 @@ pub enum TxBegun<R> {
 /// the lease instead of blocking the key.
 #[doc(hidden)]
 pub async fn tx_begin<C, X, T, E>(
-    idem: &Idem,
+    runtime_store: &dyn Store,
     opts: &Options,
     conn: &mut X,
     key: Key,
@@ -144,14 +151,13 @@ where
     C: Codec<T, E>,
     X: TxConn + ?Sized,
 {
-    let store = idem
-        .store()
+    let store = runtime_store
         .as_any()
         .and_then(|s| s.downcast_ref::<SqlStore>())
         .ok_or_else(|| {
             Error::Config(format!(
                 "transactional mode needs the current runtime on a SqlStore (it is on {})",
-                idem.store().name()
+                runtime_store.name()
             ))
         })?;
     if X::Database::__pool(store).is_none() {
@@ -184,7 +190,7 @@ where
                 fingerprint: stored,
             })) => {
                 release(conn, &savepoint).await?;
-                crate::key::check_fingerprint(&key, fingerprint, stored)?;
+                crate::fingerprint::check_fingerprint(&key, fingerprint, stored)?;
                 return match opts.duplicate_policy() {
                     OnDuplicate::Reject => Err(Error::Duplicate { key }),
                     OnDuplicate::Replay => Ok(TxBegun::Replayed(C::decode(&key, &value)?)),
@@ -195,7 +201,7 @@ where
                 fingerprint: stored,
             })) => {
                 undo(conn, &savepoint).await?;
-                crate::key::check_fingerprint(&key, fingerprint, stored)?;
+                crate::fingerprint::check_fingerprint(&key, fingerprint, stored)?;
                 retry_in
             }
             // The statement kept losing races, or a twin's transaction held the row past

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::record::{
-    COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt,
+    COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt, sql_err,
 };
 use crate::store::{ClaimKind, Owner};
 use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
@@ -19,6 +19,33 @@ pub(super) struct Inspected {
     pub(super) value_len: Option<i64>,
     pub(super) ttl_left_us: i64,
     pub(super) lease_left_us: Option<i64>,
+}
+
+impl Inspected {
+    /// Reads the inspect statement's row, on whichever database it came from: the
+    /// dialects differ in the statement, not in the columns it returns.
+    pub(super) fn from_row<R>(key: &Key, row: &R) -> Result<Self, Error>
+    where
+        R: sqlx::Row,
+        &'static str: sqlx::ColumnIndex<R>,
+        i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        let get = || -> Result<Inspected, sqlx::Error> {
+            Ok(Inspected {
+                kind: row.try_get("kind")?,
+                state: row.try_get("state")?,
+                owner: row.try_get("owner")?,
+                fence: row.try_get("fence")?,
+                has_fingerprint: row.try_get("has_fingerprint")?,
+                value_len: row.try_get("value_len")?,
+                ttl_left_us: row.try_get("ttl_left_us")?,
+                lease_left_us: row.try_get("lease_left_us")?,
+            })
+        };
+        get().map_err(|e| sql_err(Some(key), e))
+    }
 }
 
 fn left(us: i64) -> Duration {

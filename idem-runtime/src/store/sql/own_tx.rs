@@ -480,7 +480,7 @@ impl SqlStore {
         let req =
             ClaimRequest::new(ClaimKind::Dedup, owner, TX_LEASE).with_fingerprint(fingerprint);
         let mut backoff = Backoff::new(opts.wait_for());
-        let mismatch = |stored| crate::key::check_fingerprint(key, fingerprint, stored);
+        let mismatch = |stored| crate::fingerprint::check_fingerprint(key, fingerprint, stored);
         loop {
             let attempt = async {
                 let mut tx = DB::__begin(pool, opts.wait_for()).await?;

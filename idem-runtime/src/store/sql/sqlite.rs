@@ -341,23 +341,7 @@ pub(super) async fn inspect(pool: &SqlitePool, key: &Key) -> Result<Option<Inspe
         .fetch_optional(pool)
         .await
         .map_err(|e| sql_err(Some(key), e))?;
-    row.map(|r| inspected(key, &r)).transpose()
-}
-
-fn inspected(key: &Key, row: &SqliteRow) -> Result<Inspected, Error> {
-    let get = || -> Result<Inspected, sqlx::Error> {
-        Ok(Inspected {
-            kind: row.try_get("kind")?,
-            state: row.try_get("state")?,
-            owner: row.try_get("owner")?,
-            fence: row.try_get("fence")?,
-            has_fingerprint: row.try_get("has_fingerprint")?,
-            value_len: row.try_get("value_len")?,
-            ttl_left_us: row.try_get("ttl_left_us")?,
-            lease_left_us: row.try_get("lease_left_us")?,
-        })
-    };
-    get().map_err(|e| sql_err(Some(key), e))
+    row.map(|r| Inspected::from_row(key, &r)).transpose()
 }
 
 /// Frees the row whoever holds it: a lock keeps its row (and so its fence) for

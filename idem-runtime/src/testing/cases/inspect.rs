@@ -71,7 +71,7 @@ pub async fn inspect_reports_each_state(store: Arc<dyn Store>) {
     assert!(store.release(&lock, holder.owner).await.unwrap());
     assert_eq!(store.inspect(&lock).await.unwrap(), None, "released lock");
 
-    let token = Key::from_str(idem.namespace(), crate::TOKEN_SCOPE, "a-token");
+    let token = Key::token(idem.namespace(), "a-token");
     assert!(store.issue(&token, ms(60_000)).await.unwrap());
     let info = store.inspect(&token).await.unwrap().expect("issued");
     assert_eq!(info.state, RecordState::Issued);
@@ -232,7 +232,7 @@ pub async fn count_records_by_function_and_state(store: Arc<dyn Store>) {
     let mut want = vec![
         RecordCount::new(ns, INSPECT.name(), "completed", 2),
         RecordCount::new(ns, INSPECT_LOCK.name(), "in_progress", 1),
-        RecordCount::new(ns, crate::TOKEN_SCOPE, "issued", 1),
+        RecordCount::new(ns, crate::key::TOKEN_SCOPE, "issued", 1),
     ];
     want.sort();
     assert_eq!(rows, want);
