@@ -14,7 +14,8 @@
 //!    line's options), [`work`] (the shared workload and the machine header), [`report`]
 //!    (tables and `ratio` lines), [`chart`] (the SVG);
 //! 2. one module per case family: [`peers`] (`memory` and `peers`), [`redis`], [`sql`],
-//!    [`guarantees`], [`scaling`], [`footprint`];
+//!    [`guarantees`], [`scaling`], [`footprint`], [`replay`] (the `metrics` feature's cost,
+//!    run by `bench/metrics-cost.sh` rather than by the load program);
 //! 3. [`cases`]: every family wired in one place, and the full run. A new family is a
 //!    module here and one line there.
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod guarantees;
 pub mod http;
 pub mod peers;
 pub mod redis;
+pub mod replay;
 pub mod scaling;
 pub mod sql;
 

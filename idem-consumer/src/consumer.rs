@@ -379,13 +379,26 @@ impl<E: Effect> Consumer<E> {
             Err(e) => {
                 // The effect (if any) is recorded: the broker delivers the message again
                 // and that delivery is acked as a replay.
-                let outcome = fate.outcome();
+                let outcome = outcome_of(fate);
                 tracing::warn!(error = %e, ?outcome, "the broker did not take the settlement");
                 Fate::AckFailed
             }
         };
         s.live.settled(fate);
-        fate.outcome()
+        outcome_of(fate)
+    }
+}
+
+/// The outcome `process` returns for what was done with a delivery.
+fn outcome_of(fate: Fate) -> Outcome {
+    match fate {
+        Fate::Processed => Outcome::Processed,
+        Fate::Duplicate => Outcome::Duplicate,
+        Fate::InFlight => Outcome::InFlight,
+        Fate::Retry => Outcome::Retry,
+        Fate::DeadLettered | Fate::NoId => Outcome::Poison,
+        Fate::StoreError => Outcome::StoreError,
+        Fate::AckFailed => Outcome::AckFailed,
     }
 }
 

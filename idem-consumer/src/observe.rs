@@ -63,22 +63,6 @@ pub(crate) enum Fate {
     AckFailed,
 }
 
-impl Fate {
-    /// The public outcome `process` returns.
-    pub(crate) fn outcome(self) -> crate::Outcome {
-        use crate::Outcome;
-        match self {
-            Fate::Processed => Outcome::Processed,
-            Fate::Duplicate => Outcome::Duplicate,
-            Fate::InFlight => Outcome::InFlight,
-            Fate::Retry => Outcome::Retry,
-            Fate::DeadLettered | Fate::NoId => Outcome::Poison,
-            Fate::StoreError => Outcome::StoreError,
-            Fate::AckFailed => Outcome::AckFailed,
-        }
-    }
-}
-
 /// Registers the help text of the consumer's metrics with the installed recorder. Call
 /// once after installing it (and `idem_runtime::observe::describe_metrics` for the
 /// runtime's own).

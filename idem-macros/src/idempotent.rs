@@ -516,6 +516,7 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         let conn = quote_spanned!(tx.span()=> &mut *#tx);
         let claim = format_ident!("__idem_claim");
         let error = format_ident!("__idem_error");
+        let span = format_ident!("__idem_span");
         return quote! {
             #(#attrs)*
             #vis #sig {
@@ -524,22 +525,29 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
                 let #rt = #private::current();
                 let #key = #rt.key_parts(&#options, |#writer| #key_parts);
                 #fingerprint
-                let #claim = match #private_at::#begin_at::<#private_at::#codec, _, _, _>(
-                    &#rt, &#options, #conn, #key, #fp,
-                ).await {
-                    ::core::result::Result::Ok(#private::TxBegun::Replayed(#ret)) => return #ret,
-                    ::core::result::Result::Ok(#private::TxBegun::Claimed(#claim)) => #claim,
-                    ::core::result::Result::Err(#error) => {
+                // The claim, the body and the record run in the call's `idem` span, as
+                // every other path's do.
+                let #span = #private::tx_span(&#options, &#key);
+                #private::Instrument::instrument(async {
+                    let #claim = match #private_at::#begin_at::<#private_at::#codec, _, _, _>(
+                        &#rt, &#options, #conn, #key, #fp,
+                    ).await {
+                        ::core::result::Result::Ok(#private::TxBegun::Replayed(#ret)) => return #ret,
+                        ::core::result::Result::Ok(#private::TxBegun::Claimed(#claim)) => #claim,
+                        ::core::result::Result::Err(#error) => {
+                            return ::core::result::Result::Err(::core::convert::From::from(#error));
+                        }
+                    };
+                    let #ret: #ret_ty = async #typed_body.await;
+                    if let ::core::result::Result::Err(#error) =
+                        #private_at::#end_at::<#private_at::#codec, _, _, _>(
+                            &#rt, &#options, #claim, #conn, &#ret,
+                        ).await
+                    {
                         return ::core::result::Result::Err(::core::convert::From::from(#error));
                     }
-                };
-                let #ret: #ret_ty = async #typed_body.await;
-                if let ::core::result::Result::Err(#error) =
-                    #private_at::#end_at::<#private_at::#codec, _, _, _>(#claim, #conn, &#ret).await
-                {
-                    return ::core::result::Result::Err(::core::convert::From::from(#error));
-                }
-                #ret
+                    #ret
+                }, #span).await
             }
         };
     }

@@ -4,8 +4,9 @@
 //!
 //! # The span
 //!
-//! Every call of an idempotent function (attribute or direct API) runs inside one span
-//! named [`SPAN`] (`idem`), at level `INFO`, with these fields:
+//! Every call of an idempotent function (attribute or direct API, and the attribute's
+//! SQL transactional mode, `transaction = ...`) runs inside one span named [`SPAN`]
+//! (`idem`), at level `INFO`, with these fields:
 //!
 //! | field      | value                                                                |
 //! |------------|----------------------------------------------------------------------|
@@ -132,14 +133,18 @@ pub(crate) fn instrument<F: Future>(
     key: &Key,
     fut: F,
 ) -> tracing::instrument::Instrumented<F> {
-    let span = tracing::info_span!(
+    fut.instrument(span(opts, key))
+}
+
+/// The `idem` span of one call, its outcome still empty.
+pub(crate) fn span(opts: &Options, key: &Key) -> tracing::Span {
+    tracing::info_span!(
         SPAN,
         function = opts.name(),
         key = %key,
         strategy = strategy_name(opts.strategy()),
         outcome = tracing::field::Empty,
-    );
-    fut.instrument(span)
+    )
 }
 
 /// Records how the call running in the current span ended: the span's field, a debug

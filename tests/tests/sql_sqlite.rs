@@ -109,3 +109,151 @@ async fn in_memory_database() {
         .unwrap();
     assert_eq!((v, w), (1, 1));
 }
+
+// ---- transactional mode in the `idem` span ----
+
+mod tx_span {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use idem_runtime::store::sql::sqlx::{self, Sqlite, Transaction};
+    use idem_runtime::{Error, Idem, SqlStore, idempotent};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    #[derive(Default)]
+    struct Fields(HashMap<String, String>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+    }
+
+    /// Closed `idem` spans' fields, and the messages of events logged inside one.
+    #[derive(Default, Clone)]
+    struct Captured {
+        spans: Arc<Mutex<Vec<HashMap<String, String>>>>,
+        inside: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Captured {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut fields = Fields::default();
+            attrs.record(&mut fields);
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(fields);
+            }
+        }
+        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+            if let Some(span) = ctx.span(id)
+                && let Some(fields) = span.extensions_mut().get_mut::<Fields>()
+            {
+                values.record(fields);
+            }
+        }
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            if ctx
+                .event_span(event)
+                .is_some_and(|s| s.name() == idem_runtime::observe::SPAN)
+            {
+                let mut fields = Fields::default();
+                event.record(&mut fields);
+                let message = fields.0.remove("message").unwrap_or_default();
+                self.inside.lock().unwrap().push(message);
+            }
+        }
+        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+            if let Some(span) = ctx.span(&id)
+                && span.name() == idem_runtime::observe::SPAN
+                && let Some(fields) = span.extensions_mut().remove::<Fields>()
+            {
+                self.spans.lock().unwrap().push(fields.0);
+            }
+        }
+    }
+
+    #[idempotent(key = "booking:{id}", transaction = tx)]
+    async fn book(
+        tx: &mut Transaction<'static, Sqlite>,
+        id: u64,
+        fail: bool,
+    ) -> Result<u64, Error> {
+        sqlx::query("SELECT 1")
+            .execute(&mut **tx)
+            .await
+            .map_err(Error::store)?;
+        tracing::info!("booking in the caller's transaction");
+        if fail {
+            return Err(Error::Config("declined".into()));
+        }
+        Ok(id * 10)
+    }
+
+    #[test]
+    fn transactional_calls_run_in_the_idem_span_with_their_outcome() {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::registry().with(captured.clone());
+        let _sub = tracing::subscriber::set_default(subscriber);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let store = SqlStore::connect(&super::url()).await.unwrap();
+                let pool = store.sqlite_pool().unwrap().clone();
+                let ns = super::support::unique("txspan");
+                let idem = Idem::builder().store(store).namespace(ns).build();
+                idem.scope(async {
+                    for (id, fail, want) in
+                        [(1, false, Some(10)), (1, false, Some(10)), (2, true, None)]
+                    {
+                        let mut tx = pool.begin().await.unwrap();
+                        let got = book(&mut tx, id, fail).await.ok();
+                        assert_eq!(got, want, "booking {id}");
+                        tx.commit().await.unwrap();
+                    }
+                })
+                .await;
+            });
+        let function = format!("{}::book", module_path!());
+        let spans: Vec<(String, String, String, bool)> = captured
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+                (
+                    get("function"),
+                    get("strategy"),
+                    get("outcome"),
+                    get("key").contains('#'),
+                )
+            })
+            .collect();
+        let want = |outcome: &str| {
+            (
+                function.clone(),
+                "dedup".to_owned(),
+                outcome.to_owned(),
+                true,
+            )
+        };
+        // Ran, replayed, and ran again for the failing body (its claim rolled back).
+        assert_eq!(spans, [want("ran"), want("replayed"), want("ran")]);
+        // The body ran inside the span (twice: the replay did not run it).
+        let inside = captured.inside.lock().unwrap().clone();
+        let bodies = inside
+            .iter()
+            .filter(|m| m.as_str() == "booking in the caller's transaction")
+            .count();
+        assert_eq!(bodies, 2, "{inside:?}");
+    }
+}

@@ -65,6 +65,13 @@ pub fn replay_now<T, E: From<Error>>(
     found.map(|r| r.map_err(E::from))
 }
 
+/// The `idem` span a call in transactional mode runs in: the expansion runs the claim,
+/// the body and the record inside it (they borrow the caller's transaction, so no
+/// strategy future can own them), and `tx_begin`/`tx_end` set its outcome.
+pub fn tx_span(opts: &Options, key: &Key) -> tracing::Span {
+    crate::observe::span(opts, key)
+}
+
 /// Token consumption, as expanded from the attribute.
 pub fn token<C, T, E, F>(
     rt: Current,
@@ -123,7 +130,8 @@ where
 }
 
 /// Transactional mode's claim, as expanded from the attribute: on the store of the
-/// runtime `idem`.
+/// runtime `idem`. Runs inside the call's span ([`tx_span`]) and sets its outcome when
+/// the call ends here (replayed, or failed).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub async fn tx_begin<C, X, T, E>(
     idem: &Idem,
@@ -136,6 +144,48 @@ where
     C: Codec<T, E>,
     X: crate::store::sql::TxConn + ?Sized,
 {
-    crate::store::sql::tx_begin::<C, X, T, E>(idem.store().as_ref(), opts, conn, key, fingerprint)
-        .await
+    use crate::observe::{self, Outcome};
+    use crate::store::sql::TxBegun;
+    let begun = crate::store::sql::tx_begin::<C, X, T, E>(
+        idem.store().as_ref(),
+        opts,
+        conn,
+        key,
+        fingerprint,
+    )
+    .await;
+    match &begun {
+        Ok(TxBegun::Replayed(_)) => observe::outcome(opts, &key, Outcome::Replayed),
+        Ok(TxBegun::Claimed(_)) => {}
+        Err(e) => observe::failed(opts, &key, e),
+    }
+    begun
+}
+
+/// Transactional mode's record, as expanded from the attribute: sets the outcome of the
+/// call's span (`ran`, `lease_lost` or `store_error`).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub async fn tx_end<C, X, T, E>(
+    idem: &Idem,
+    opts: &Options,
+    claim: crate::store::sql::TxClaim,
+    conn: &mut X,
+    result: &Result<T, E>,
+) -> Result<(), Error>
+where
+    C: Codec<T, E>,
+    X: crate::store::sql::TxConn + ?Sized,
+{
+    use crate::observe::{self, Outcome};
+    let key = claim.key();
+    let ended = crate::store::sql::tx_end::<C, X, T, E>(claim, conn, result).await;
+    match &ended {
+        Ok(()) => observe::outcome(opts, &key, Outcome::Ran),
+        Err(e @ Error::LeaseLost { .. }) => {
+            observe::failed(opts, &key, e);
+            idem.lease_lost(&key, false);
+        }
+        Err(e) => observe::failed(opts, &key, e),
+    }
+    ended
 }

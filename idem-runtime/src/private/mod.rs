@@ -10,7 +10,7 @@ mod entry;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 mod no_sql;
 
-pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition};
+pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition, tx_span};
 
 pub use crate::codec::{
     ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
@@ -23,10 +23,11 @@ pub use crate::runtime::Current;
 pub use crate::strategy::optimistic::{Retry, retry_on_conflict};
 pub use crate::strategy::state_machine::StateMachine;
 pub use std::time::Duration;
+pub use tracing::Instrument;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use crate::store::sql::{TxBegun, tx_end};
+pub use crate::store::sql::TxBegun;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use entry::tx_begin;
+pub use entry::{tx_begin, tx_end};
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 pub use no_sql::{TxBegun, tx_begin, tx_end};

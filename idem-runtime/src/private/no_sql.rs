@@ -29,6 +29,8 @@ pub async fn tx_begin<C, X: SqlFeature + ?Sized, T, E>(
 }
 
 pub async fn tx_end<C, X: SqlFeature + ?Sized, T, E>(
+    _: &Idem,
+    _: &Options,
     _: TxClaim,
     _: &mut X,
     _: &Result<T, E>,

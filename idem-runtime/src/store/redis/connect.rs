@@ -147,6 +147,7 @@ impl Connections {
         }
     }
 
+    #[cfg(feature = "redis-cluster")]
     pub(crate) fn source(&self) -> &Source {
         &self.source
     }

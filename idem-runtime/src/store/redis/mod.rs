@@ -73,7 +73,9 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use self::connect::{Connections, Source, is_transport_error};
+#[cfg(feature = "redis-cluster")]
+use self::connect::Source;
+use self::connect::{Connections, is_transport_error};
 use self::notify::Notifier;
 pub use self::reach::{Cause, Unreachable};
 use self::record::hex32;

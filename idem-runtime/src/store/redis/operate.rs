@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::RedisStore;
+#[cfg(feature = "redis-cluster")]
 use super::connect::Conn;
 use super::record::evalsha;
 use super::reply::corrupt;
@@ -153,7 +154,9 @@ impl RedisStore {
             Ok(lease) => lease,
             Err(slot) => tokio::time::timeout(self.inner.timeout, self.inner.conns.connect(slot))
                 .await
-                .map_err(|_| Error::store("connecting to the Redis Cluster timed out"))??,
+                .map_err(|_| {
+                    Error::store(self.inner.conns.target().timed_out(self.inner.timeout))
+                })??,
         };
         #[cfg(feature = "redis-cluster")]
         if let Conn::Cluster(mut c) = lease.conn {

@@ -112,7 +112,9 @@ pub(crate) struct Target {
 #[derive(Debug, Clone)]
 enum Kind {
     Single,
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     Cluster,
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     Sentinel(String),
 }
 
@@ -136,6 +138,7 @@ impl Target {
     }
 
     /// The Cluster reached through `urls`.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
     pub(crate) fn cluster<S: AsRef<str>>(urls: &[S]) -> Target {
         Target {
             kind: Kind::Cluster,
@@ -145,6 +148,7 @@ impl Target {
     }
 
     /// The primary of `service` as the sentinels at `urls` name it.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     pub(crate) fn sentinel<S: AsRef<str>>(urls: &[S], service: &str) -> Target {
         Target {
             kind: Kind::Sentinel(service.to_owned()),

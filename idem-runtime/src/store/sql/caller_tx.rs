@@ -109,6 +109,13 @@ pub struct TxClaim {
     savepoint: String,
 }
 
+impl TxClaim {
+    /// The key claimed (for the call's span and logs).
+    pub fn key(&self) -> Key {
+        self.key
+    }
+}
+
 /// What [`tx_begin`] found.
 #[doc(hidden)]
 #[derive(Debug)]
