@@ -105,6 +105,12 @@ impl Builder {
     }
 
     /// The consumer, with `handler` as the effect, recorded in the idem store.
+    ///
+    /// # Panics
+    ///
+    /// If the process already keeps as many distinct names as
+    /// [`Key::intern`](idem_runtime::Key::intern) allows: the consumer's attempt counter
+    /// needs one more, its function's name with `::attempts`.
     pub fn handler<H: Handler>(self, handler: H) -> Consumer<Plain<H>> {
         self.build(Plain(handler))
     }

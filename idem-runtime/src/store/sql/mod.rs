@@ -69,9 +69,13 @@ mod store_impl;
 mod toolbox;
 
 // The record's vocabulary, for the backends (`super::…`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use self::record::IN_PROGRESS;
+#[cfg(feature = "sqlite")]
+use self::record::{FREE, ISSUED};
 use self::record::{
-    FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, decide, is_lock_wait,
-    kind_code, owner_bytes, sql_err, us,
+    KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, decide, is_lock_wait, kind_code, owner_bytes,
+    sql_err, us,
 };
 #[cfg(feature = "postgres")]
 use self::store_impl::PgBatches;

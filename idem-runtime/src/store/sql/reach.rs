@@ -100,6 +100,7 @@ impl fmt::Display for Unreachable {
 impl std::error::Error for Unreachable {}
 
 /// The cause of a failed connection attempt, if it is one waiting will not fix.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn classify(e: &sqlx::Error) -> Option<Cause> {
     let text = e.to_string().to_ascii_lowercase();
     match e {
@@ -129,6 +130,7 @@ fn classify(e: &sqlx::Error) -> Option<Cause> {
 /// One connection attempt with `options`, outside the pool, bounded by `within`.
 /// `Err` names the server and the cause when it failed for a reason waiting will not
 /// fix; a server that is up (or merely slow) is `Ok`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(super) async fn probe<O>(
     options: &O,
     backend: &'static str,
@@ -193,13 +195,15 @@ where
 }
 
 /// `host:port` of a URL, without user or password, for messages.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(super) fn server_of(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
 }
 
-#[cfg(test)]
+// Probing is for servers; a SQLite file has nothing of it to test.
+#[cfg(all(test, any(feature = "postgres", feature = "mysql")))]
 mod tests {
     use super::*;
 

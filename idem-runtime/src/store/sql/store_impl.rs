@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+#[cfg(feature = "postgres")]
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,16 +15,20 @@ use tokio::sync::watch;
 use super::mysql;
 use super::record::{
     CLAIM_ATTEMPTS, CROSS_PROCESS_POLL, LOCK_WAIT_RETRY, Snapshot, decide, is_lock_wait,
-    owner_bytes, sql_err, us,
 };
+// What only the batched PostgreSQL claims use.
+#[cfg(feature = "postgres")]
+use super::record::{owner_bytes, sql_err, us};
 #[cfg(feature = "sqlite")]
 use super::sqlite;
 use super::{Backend, SqlStore};
 #[cfg(feature = "postgres")]
 use super::{batch, postgres};
+#[cfg(feature = "postgres")]
+use crate::store::ClaimKind;
 use crate::store::{
-    BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, StateStore, Store,
-    Subscription, VersionedStore,
+    BloomStore, BoxFuture, ClaimOutcome, ClaimRequest, Owner, StateStore, Store, Subscription,
+    VersionedStore,
 };
 use crate::{Error, Key};
 
