@@ -151,6 +151,13 @@ pub trait Codec<T, E> {
     /// The result stored in `bytes`. A record that holds no value (a marker) gives
     /// `Err(Error::Duplicate)`.
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<T, E>, Error>;
+
+    /// [`decode`](Codec::decode) from the record's own buffer, for a codec whose value
+    /// can share it rather than copy out of it (stored bytes replayed as they are).
+    /// The default decodes from the slice.
+    fn decode_shared(key: &Key, bytes: &Bytes) -> Result<Result<T, E>, Error> {
+        Self::decode(key, bytes)
+    }
 }
 
 /// Replays `Ok` values; an `Err` releases the key so a retry runs.

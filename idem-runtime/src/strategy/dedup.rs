@@ -94,8 +94,8 @@ where
                     observe::outcome(opts, &key, replayed);
                     return Ok(v);
                 }
-                let decoded =
-                    C::decode(&key, &value).inspect_err(|e| observe::failed(opts, &key, e))?;
+                let decoded = C::decode_shared(&key, &value)
+                    .inspect_err(|e| observe::failed(opts, &key, e))?;
                 if let (Some(reuse), Some(local), Ok(v)) = (&reuse, store.local(), &decoded) {
                     // Only a value decoded from the record is kept, so a clone of it is
                     // exactly what the next decode would give.
