@@ -82,6 +82,12 @@ impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
     }
 
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<Ran<B>, Failed<R, E>>, Error> {
+        // Checked before copying, so a damaged record costs no allocation.
+        check(key, bytes)?;
+        decode(key, &Bytes::copy_from_slice(bytes)).map(Ok)
+    }
+
+    fn decode_shared(key: &Key, bytes: &Bytes) -> Result<Result<Ran<B>, Failed<R, E>>, Error> {
         decode(key, bytes).map(Ok)
     }
 }
@@ -140,64 +146,80 @@ fn checksum(kind: u8, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-fn decode<B: Body>(key: &Key, bytes: &[u8]) -> Result<Ran<B>, Error> {
-    let corrupt = |reason: &str| Error::Corrupt {
-        key: *key,
-        reason: reason.to_owned(),
-    };
+/// Checks the envelope of a record: its magic, version and checksum.
+fn check(key: &Key, bytes: &[u8]) -> Result<u8, Error> {
     if bytes.len() < HEADER || &bytes[..2] != MAGIC {
-        return Err(corrupt("not an HTTP response record"));
+        return Err(corrupt(key, "not an HTTP response record"));
     }
     if bytes[2] != VERSION {
-        return Err(corrupt("unknown HTTP record layout version"));
+        return Err(corrupt(key, "unknown HTTP record layout version"));
     }
     let kind = bytes[3];
     let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    let payload = &bytes[HEADER..];
-    if checksum(kind, payload) != crc {
-        return Err(corrupt("checksum mismatch"));
+    if checksum(kind, &bytes[HEADER..]) != crc {
+        return Err(corrupt(key, "checksum mismatch"));
     }
-    match kind {
-        KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable),
-        KIND_RESPONSE => {}
-        _ => return Err(corrupt("unknown HTTP record kind")),
-    }
-    parse(payload).ok_or_else(|| corrupt("truncated or malformed response record"))
+    Ok(kind)
 }
 
-fn parse<B: Body>(payload: &[u8]) -> Option<Ran<B>> {
-    let mut r = Reader(payload);
+fn corrupt(key: &Key, reason: &str) -> Error {
+    Error::Corrupt {
+        key: *key,
+        reason: reason.to_owned(),
+    }
+}
+
+/// Reads a record back. Header values and the body share the record's buffer.
+fn decode<B: Body>(key: &Key, record: &Bytes) -> Result<Ran<B>, Error> {
+    match check(key, record)? {
+        KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable),
+        KIND_RESPONSE => {}
+        _ => return Err(corrupt(key, "unknown HTTP record kind")),
+    }
+    parse(record).ok_or_else(|| corrupt(key, "truncated or malformed response record"))
+}
+
+fn parse<B: Body>(record: &Bytes) -> Option<Ran<B>> {
+    let mut r = Reader { record, at: HEADER };
     let status = StatusCode::from_u16(r.u16()?).ok()?;
     let count = r.u16()?;
     let mut headers = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let n = usize::from(r.u16()?);
-        let name = HeaderName::from_bytes(r.take(n)?).ok()?;
+        let name = HeaderName::from_bytes(r.raw(n)?).ok()?;
         let n = usize::from(r.u16()?);
-        let value = HeaderValue::from_bytes(r.take(n)?).ok()?;
+        let value = HeaderValue::from_maybe_shared(r.shared(n)?).ok()?;
         headers.push((name, value));
     }
     Some(Ran::Replayed(Stored {
         status,
         headers,
-        body: Bytes::copy_from_slice(r.0),
+        body: record.slice(r.at..),
     }))
 }
 
-struct Reader<'a>(&'a [u8]);
+struct Reader<'a> {
+    record: &'a Bytes,
+    at: usize,
+}
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(head)
+    fn raw(&mut self, n: usize) -> Option<&'a [u8]> {
+        let record: &'a [u8] = self.record;
+        let part = record.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(part)
+    }
+
+    /// The next `n` bytes, sharing the record's buffer.
+    fn shared(&mut self, n: usize) -> Option<Bytes> {
+        let start = self.at;
+        self.raw(n)?;
+        Some(self.record.slice(start..self.at))
     }
 
     fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+        self.raw(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
     }
 }
 
@@ -248,6 +270,23 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_record_is_replayed_without_copying_its_body() {
+        let k = key();
+        let record = encode(&stored());
+        let back: R = <ResponseCodec as Codec<_, _>>::decode_shared(&k, &record).unwrap();
+        let Ok(Ran::Replayed(s)) = back else {
+            panic!("not a replay")
+        };
+        assert_eq!(s.body, stored().body);
+        assert_eq!(s.headers, stored().headers);
+        let within = record.as_ptr_range();
+        assert!(
+            within.contains(&s.body.as_ptr()),
+            "the body is a slice of the record"
+        );
+    }
+
+    #[test]
     fn any_flipped_bit_is_corrupt() {
         let k = key();
         let good = encode(&stored());
@@ -256,7 +295,10 @@ mod tests {
                 let mut bad = good.to_vec();
                 bad[i] ^= 1 << bit;
                 assert!(
-                    matches!(decode::<Empty>(&k, &bad), Err(Error::Corrupt { .. })),
+                    matches!(
+                        decode::<Empty>(&k, &Bytes::from(bad.clone())),
+                        Err(Error::Corrupt { .. })
+                    ),
                     "byte {i} bit {bit}"
                 );
             }
@@ -268,7 +310,7 @@ mod tests {
             b"\x00garbage",
         ] {
             assert!(matches!(
-                decode::<Empty>(&k, garbage),
+                decode::<Empty>(&k, &Bytes::copy_from_slice(garbage)),
                 Err(Error::Corrupt { .. })
             ));
         }

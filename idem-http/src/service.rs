@@ -200,7 +200,7 @@ where
     ResB: Body,
 {
     let layer = &shared.layer;
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
@@ -214,11 +214,10 @@ where
     };
     let fingerprint = fingerprint(&parts, &bytes);
     let scope = layer.scope.as_ref().and_then(|f| f(&parts));
-    parts.extensions.insert(key.clone());
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
     // Boxed on its own: the runtime's call future nests the body several levels deep,
     // and a pointer moves through them where the handler's whole state would be copied.
-    let handler = Box::pin(handle(layer, inner, req));
+    let handler = Box::pin(handle(layer, inner, key.clone(), req));
     let result = match layer.mode {
         Mode::Keys => {
             let scoped = Scoped(scope.as_deref(), key.as_str());
@@ -298,16 +297,19 @@ where
     Ok(chunks.into_bytes())
 }
 
-/// Runs the handler and reads its response for storing.
+/// Runs the handler, with the key in the request's extensions, and reads its response
+/// for storing. (Only polled once the key is claimed: a replay never gets here.)
 async fn handle<S, ReqB, ResB>(
     layer: &IdempotencyLayer,
     mut inner: S,
-    req: Request<RequestBody<ReqB>>,
+    key: IdempotencyKey,
+    mut req: Request<RequestBody<ReqB>>,
 ) -> Result<Ran<ResB>, Failed<Response<ResB>, S::Error>>
 where
     S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
     ResB: Body,
 {
+    req.extensions_mut().insert(key);
     let res = inner.call(req).await.map_err(Failed::Inner)?;
     if !layer.stores(res.status()) {
         return Err(Failed::NotStored(res));
