@@ -224,6 +224,7 @@ async fn main() -> ExitCode {
         }
     };
     idem_runtime::observe::describe_metrics();
+    idem_http::observe::describe_metrics();
     // Histograms are summarized by the recorder's upkeep; without it they grow unbounded.
     let upkeep = metrics.clone();
     tokio::spawn(async move {

@@ -166,6 +166,25 @@ async fn payments_run_once_per_key_and_metrics_count_them() {
     assert!(calls("replayed") >= 2.0, "{text}");
     assert!(calls("mismatch") >= 1.0, "{text}");
     assert!(text.contains("# TYPE idem_calls_total counter"), "{text}");
+    // The layer's own counter: two handler runs (key and token), two replays, the 422
+    // and the 400 for the missing key.
+    let requests = |outcome: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("idem_http_requests_total{")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(requests("ran"), 2.0, "{text}");
+    assert_eq!(requests("replayed"), 2.0, "{text}");
+    assert_eq!(requests("idempotency-key-reused"), 1.0, "{text}");
+    assert_eq!(requests("idempotency-key-missing"), 1.0, "{text}");
+    assert!(
+        text.contains("# TYPE idem_http_requests_total counter"),
+        "{text}"
+    );
 
     assert_eq!(
         client

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -218,5 +218,82 @@ fn poll_bytes<B: Body>(
 impl<B: Body> From<Bytes> for ResponseBody<B> {
     fn from(data: Bytes) -> Self {
         ResponseBody::full(data)
+    }
+}
+
+/// Body bytes read so far. Most bodies arrive in one chunk, which is kept as it came;
+/// only a body in several chunks needs a list, and a copy to join them.
+#[derive(Default)]
+pub(crate) struct Chunks {
+    first: Option<Bytes>,
+    rest: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Chunks {
+    pub(crate) fn push(&mut self, chunk: Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        self.len += chunk.len();
+        if self.first.is_none() {
+            self.first = Some(chunk);
+        } else {
+            self.rest.push_back(chunk);
+        }
+    }
+
+    /// Bytes read so far.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// All of it, as one buffer.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self.first {
+            None => Bytes::new(),
+            Some(first) if self.rest.is_empty() => first,
+            Some(first) => {
+                let mut all = BytesMut::with_capacity(self.len);
+                all.extend_from_slice(&first);
+                self.rest.iter().for_each(|c| all.extend_from_slice(c));
+                all.freeze()
+            }
+        }
+    }
+
+    /// The chunks as they came (to stream them on).
+    pub(crate) fn into_list(self) -> VecDeque<Bytes> {
+        let mut list = self.rest;
+        if let Some(first) = self.first {
+            list.push_front(first);
+        }
+        list
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_join_in_order() {
+        let mut c = Chunks::default();
+        assert_eq!(c.into_bytes(), Bytes::new());
+        c = Chunks::default();
+        c.push(Bytes::from_static(b"one"));
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.into_bytes(), Bytes::from_static(b"one"));
+        c = Chunks::default();
+        for part in [&b"a"[..], b"", b"bc", b"def"] {
+            c.push(Bytes::copy_from_slice(part));
+        }
+        assert_eq!(c.len(), 6);
+        assert_eq!(c.into_bytes(), Bytes::from_static(b"abcdef"));
+        c = Chunks::default();
+        c.push(Bytes::from_static(b"x"));
+        c.push(Bytes::from_static(b"yz"));
+        let list: Vec<_> = c.into_list().into_iter().collect();
+        assert_eq!(list, [Bytes::from_static(b"x"), Bytes::from_static(b"yz")]);
     }
 }

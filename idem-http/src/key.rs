@@ -1,6 +1,8 @@
 //! The `Idempotency-Key` header: one Structured Field string (`"abc"`), or the same key
 //! bare (`abc`), which is one and the same key.
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use http::header::HeaderName;
 
@@ -26,7 +28,9 @@ pub const MAX_KEY_LEN: usize = 255;
 /// assert_eq!(key.as_str(), "order-42");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
+// Shared, because the layer hands a copy to the handler through the request's
+// extensions and keeps one for the store.
+pub struct IdempotencyKey(Arc<str>);
 
 /// Why a header is not a usable key (each is answered 400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,14 +87,16 @@ impl IdempotencyKey {
     /// ```
     pub fn parse(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
         let raw = trim(raw);
+        // A quoted key is unescaped on the stack: the only allocation is the key's own.
+        let mut unescaped = [0u8; MAX_KEY_LEN];
         let key = match raw.first() {
-            Some(b'"') => sf_string(raw)?,
+            Some(b'"') => sf_string(raw, &mut unescaped)?,
             _ => bare(raw)?,
         };
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(KeyError::Length);
         }
-        Ok(IdempotencyKey(key))
+        Ok(IdempotencyKey(Arc::from(key)))
     }
 
     /// The key, unquoted.
@@ -100,7 +106,7 @@ impl IdempotencyKey {
 
     /// The key, unquoted.
     pub fn into_string(self) -> String {
-        self.0
+        self.0.to_string()
     }
 }
 
@@ -120,16 +126,17 @@ fn trim(mut raw: &[u8]) -> &[u8] {
     raw
 }
 
-fn sf_string(raw: &[u8]) -> Result<String, KeyError> {
-    let mut out = Vec::with_capacity(raw.len());
+/// Unescapes the Structured Field string at the start of `raw` into `out`.
+fn sf_string<'a>(raw: &[u8], out: &'a mut [u8; MAX_KEY_LEN]) -> Result<&'a str, KeyError> {
+    let mut len = 0;
     let mut i = 1;
     loop {
-        match raw.get(i) {
+        let c = match raw.get(i) {
             None => return Err(KeyError::Malformed),
             Some(b'\\') => match raw.get(i + 1) {
                 Some(c @ (b'"' | b'\\')) => {
-                    out.push(*c);
                     i += 2;
+                    *c
                 }
                 _ => return Err(KeyError::Malformed),
             },
@@ -138,14 +145,16 @@ fn sf_string(raw: &[u8]) -> Result<String, KeyError> {
                 break;
             }
             Some(c @ 0x20..=0x7e) => {
-                out.push(*c);
                 i += 1;
+                *c
             }
             Some(_) => return Err(KeyError::Malformed),
-        }
-        if out.len() > MAX_KEY_LEN {
+        };
+        if len == MAX_KEY_LEN {
             return Err(KeyError::Length);
         }
+        out[len] = c;
+        len += 1;
     }
     match trim(&raw[i..]) {
         [] => {}
@@ -153,11 +162,11 @@ fn sf_string(raw: &[u8]) -> Result<String, KeyError> {
         // Parameters (`"abc";p=1`) or trailing garbage: not a plain string.
         _ => return Err(KeyError::Malformed),
     }
-    // Only printable ASCII was pushed.
-    String::from_utf8(out).map_err(|_| KeyError::Malformed)
+    // Only printable ASCII was written.
+    std::str::from_utf8(&out[..len]).map_err(|_| KeyError::Malformed)
 }
 
-fn bare(raw: &[u8]) -> Result<String, KeyError> {
+fn bare(raw: &[u8]) -> Result<&str, KeyError> {
     if raw.contains(&b',') {
         return Err(KeyError::Several);
     }
@@ -167,9 +176,7 @@ fn bare(raw: &[u8]) -> Result<String, KeyError> {
     if !raw.iter().all(|c| matches!(c, 0x21..=0x7e) && *c != b'"') {
         return Err(KeyError::Malformed);
     }
-    std::str::from_utf8(raw)
-        .map(str::to_owned)
-        .map_err(|_| KeyError::Malformed)
+    std::str::from_utf8(raw).map_err(|_| KeyError::Malformed)
 }
 
 #[cfg(test)]

@@ -125,6 +125,7 @@ mod axum;
 mod body;
 mod key;
 mod layer;
+pub mod observe;
 mod problem;
 mod record;
 mod service;

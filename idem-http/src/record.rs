@@ -75,7 +75,7 @@ impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
         Ok(match result {
             Ok(Ran::Fresh { stored, .. } | Ran::Replayed(stored)) => Some(encode(stored)),
             Ok(Ran::Spilled { .. } | Ran::NotReplayable) => {
-                Some(seal(KIND_NOT_REPLAYABLE, BytesMut::new()))
+                Some(seal(frame(KIND_NOT_REPLAYABLE, 0)))
             }
             Err(_) => None,
         })
@@ -87,40 +87,50 @@ impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
 }
 
 fn encode(stored: &Stored) -> Bytes {
-    let size = 4
-        + stored.body.len()
-        + stored
-            .headers
-            .iter()
-            .map(|(n, v)| 4 + n.as_str().len() + v.len())
-            .sum::<usize>();
-    let mut buf = BytesMut::with_capacity(HEADER + size);
-    buf.put_u16(stored.status.as_u16());
     // Header names and values are bounded far below 64 KiB by every HTTP server; one
     // that is not is left out rather than stored truncated.
-    let fits = |(n, v): &&(HeaderName, HeaderValue)| {
-        n.as_str().len() <= usize::from(u16::MAX) && v.len() <= usize::from(u16::MAX)
+    let kept = || {
+        stored
+            .headers
+            .iter()
+            .filter(|(n, v)| {
+                n.as_str().len() <= usize::from(u16::MAX) && v.len() <= usize::from(u16::MAX)
+            })
+            .take(usize::from(u16::MAX))
     };
-    let headers: Vec<_> = stored.headers.iter().filter(fits).collect();
-    buf.put_u16(headers.len().min(usize::from(u16::MAX)) as u16);
-    for (name, value) in headers.into_iter().take(usize::from(u16::MAX)) {
+    let size = 4
+        + stored.body.len()
+        + kept()
+            .map(|(n, v)| 4 + n.as_str().len() + v.len())
+            .sum::<usize>();
+    let mut buf = frame(KIND_RESPONSE, size);
+    buf.put_u16(stored.status.as_u16());
+    buf.put_u16(kept().count() as u16);
+    for (name, value) in kept() {
         buf.put_u16(name.as_str().len() as u16);
         buf.put_slice(name.as_str().as_bytes());
         buf.put_u16(value.len() as u16);
         buf.put_slice(value.as_bytes());
     }
     buf.put_slice(&stored.body);
-    seal(KIND_RESPONSE, buf)
+    seal(buf)
 }
 
-fn seal(kind: u8, payload: BytesMut) -> Bytes {
-    let mut out = BytesMut::with_capacity(HEADER + payload.len());
-    out.put_slice(MAGIC);
-    out.put_u8(VERSION);
-    out.put_u8(kind);
-    out.put_u32_le(checksum(kind, &payload));
-    out.put_slice(&payload);
-    out.freeze()
+/// A record buffer with room for `payload` bytes after the envelope, whose checksum
+/// [`seal`] fills in once the payload is written (one buffer, no copy).
+fn frame(kind: u8, payload: usize) -> BytesMut {
+    let mut buf = BytesMut::with_capacity(HEADER + payload);
+    buf.put_slice(MAGIC);
+    buf.put_u8(VERSION);
+    buf.put_u8(kind);
+    buf.put_u32_le(0);
+    buf
+}
+
+fn seal(mut buf: BytesMut) -> Bytes {
+    let crc = checksum(buf[3], &buf[HEADER..]);
+    buf[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+    buf.freeze()
 }
 
 fn checksum(kind: u8, payload: &[u8]) -> u32 {

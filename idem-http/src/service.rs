@@ -1,23 +1,23 @@
 //! The service: [`Idempotency`], and the flow of one request through it.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, request};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use idem_runtime::{Error, Fingerprint, Options};
 use pin_project_lite::pin_project;
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{Chunks, RequestBody, ResponseBody};
 use crate::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use crate::layer::{IdempotencyLayer, Mode};
+use crate::observe::{self, Outcome};
 use crate::problem::Problem;
 use crate::record::{Failed, Ran, ResponseCodec, Stored};
 
@@ -96,11 +96,13 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let layer = &self.shared.layer;
         if !layer.methods.contains(req.method()) {
+            observe::count(Outcome::Passed);
             return ResponseFuture::inner(self.inner.call(req.map(RequestBody::streaming)));
         }
         let key = match IdempotencyKey::from_headers(req.headers()) {
             Ok(Some(key)) => key,
             Ok(None) if !layer.required => {
+                observe::count(Outcome::Passed);
                 return ResponseFuture::inner(self.inner.call(req.map(RequestBody::streaming)));
             }
             Ok(None) => return ResponseFuture::ready(problem(layer, Problem::KeyMissing)),
@@ -113,7 +115,9 @@ where
     }
 }
 
+/// The layer's answer instead of the handler's, counted.
 fn problem<B: Body>(layer: &IdempotencyLayer, p: Problem) -> Response<ResponseBody<B>> {
+    observe::count(Outcome::Problem(p));
     p.response(layer.docs.as_deref())
 }
 
@@ -204,18 +208,17 @@ where
     if declared.is_some_and(|n| n > layer.max_request_bytes as u64) {
         return Ok(problem(layer, Problem::RequestTooLarge));
     }
-    let bytes = match Limited::new(body, layer.max_request_bytes).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
-            return Ok(problem(layer, Problem::RequestTooLarge));
-        }
-        Err(_) => return Ok(problem(layer, Problem::BodyUnreadable)),
+    let bytes = match read_request(body, layer.max_request_bytes).await {
+        Ok(bytes) => bytes,
+        Err(p) => return Ok(problem(layer, p)),
     };
     let fingerprint = fingerprint(&parts, &bytes);
     let scope = layer.scope.as_ref().and_then(|f| f(&parts));
     parts.extensions.insert(key.clone());
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-    let handler = handle(layer, inner, req);
+    // Boxed on its own: the runtime's call future nests the body several levels deep,
+    // and a pointer moves through them where the handler's whole state would be copied.
+    let handler = Box::pin(handle(layer, inner, req));
     let result = match layer.mode {
         Mode::Keys => {
             let scoped = Scoped(scope.as_deref(), key.as_str());
@@ -230,14 +233,17 @@ where
                 .await
         }
         Mode::Tokens => {
-            layer
-                .idem
-                .consume_token::<ResponseCodec, _, _, _>(&shared.opts, key.as_str(), handler)
-                .await
+            Box::pin(layer.idem.consume_token::<ResponseCodec, _, _, _>(
+                &shared.opts,
+                key.as_str(),
+                handler,
+            ))
+            .await
         }
     };
     Ok(match result {
         Ok(Ran::Fresh { parts, stored }) => {
+            observe::count(Outcome::Ran);
             Response::from_parts(parts, ResponseBody::full(stored.body))
         }
         Ok(Ran::Spilled {
@@ -245,18 +251,51 @@ where
             prefix,
             rest,
             error,
-        }) => Response::from_parts(parts, ResponseBody::spilled(prefix, rest, error)),
-        Ok(Ran::Replayed(stored)) => replay(stored),
+        }) => {
+            observe::count(Outcome::Ran);
+            Response::from_parts(parts, ResponseBody::spilled(prefix, rest, error))
+        }
+        Ok(Ran::Replayed(stored)) => {
+            observe::count(Outcome::Replayed);
+            replay(stored)
+        }
         Ok(Ran::NotReplayable) => {
             let mut res = problem(layer, Problem::NotReplayable);
             res.headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             res
         }
-        Err(Failed::NotStored(res)) => res.map(ResponseBody::inner),
-        Err(Failed::Inner(e)) => return Err(e),
+        Err(Failed::NotStored(res)) => {
+            observe::count(Outcome::NotStored);
+            res.map(ResponseBody::inner)
+        }
+        Err(Failed::Inner(e)) => {
+            observe::count(Outcome::ServiceError);
+            return Err(e);
+        }
         Err(Failed::Idem(e)) => problem(layer, verdict(layer.mode, &e)),
     })
+}
+
+/// Reads a request body of at most `max` bytes.
+async fn read_request<B>(body: B, max: usize) -> Result<Bytes, Problem>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = pin!(body);
+    let mut chunks = Chunks::default();
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|_| Problem::BodyUnreadable)?;
+        // Trailers are not part of what is fingerprinted.
+        if let Ok(mut data) = frame.into_data() {
+            chunks.push(data.copy_to_bytes(data.remaining()));
+            if chunks.len() > max {
+                return Err(Problem::RequestTooLarge);
+            }
+        }
+    }
+    Ok(chunks.into_bytes())
 }
 
 /// Runs the handler and reads its response for storing.
@@ -276,11 +315,11 @@ where
     let (parts, body) = res.into_parts();
     let max = layer.max_response_bytes;
     let mut body = Box::pin(body);
-    let mut chunks = VecDeque::new();
-    let spilled = |parts, prefix, rest, error| {
+    let mut chunks = Chunks::default();
+    let spilled = |parts, chunks: Chunks, rest, error| {
         Ok(Ran::Spilled {
             parts,
-            prefix,
+            prefix: chunks.into_list(),
             rest,
             error,
         })
@@ -288,16 +327,13 @@ where
     if body.size_hint().lower() > max as u64 {
         return spilled(parts, chunks, Some(body), None);
     }
-    let mut len = 0;
     while let Some(frame) = body.as_mut().frame().await {
         match frame {
             // Trailers are neither stored nor replayed.
             Ok(frame) => {
                 if let Ok(mut data) = frame.into_data() {
-                    let chunk = data.copy_to_bytes(data.remaining());
-                    len += chunk.len();
-                    chunks.push_back(chunk);
-                    if len > max {
+                    chunks.push(data.copy_to_bytes(data.remaining()));
+                    if chunks.len() > max {
                         return spilled(parts, chunks, Some(body), None);
                     }
                 }
@@ -307,15 +343,7 @@ where
             Err(e) => return spilled(parts, chunks, None, Some(e)),
         }
     }
-    let body = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop_front().unwrap_or_default(),
-        _ => {
-            let mut all = BytesMut::with_capacity(len);
-            chunks.iter().for_each(|c| all.extend_from_slice(c));
-            all.freeze()
-        }
-    };
+    let body = chunks.into_bytes();
     let mut headers = Vec::new();
     for name in &layer.replay_headers {
         for value in parts.headers.get_all(name) {
@@ -367,23 +395,45 @@ fn verdict(mode: Mode, e: &Error) -> Problem {
 /// What makes two requests under one key "the same request": method, path, query,
 /// Content-Type and a digest of the body, each length-framed.
 fn fingerprint(parts: &request::Parts, body: &[u8]) -> Fingerprint {
-    let mut h = blake3::Hasher::new();
-    let mut field = |bytes: &[u8]| {
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
+    let content_type = parts.headers.get(CONTENT_TYPE);
+    let fields: [&[u8]; 5] = [
+        parts.method.as_str().as_bytes(),
+        parts.uri.path().as_bytes(),
+        parts.uri.query().unwrap_or_default().as_bytes(),
+        content_type.map_or(&b""[..], |v| v.as_bytes()),
+        body,
+    ];
+    digest(fields)
+}
+
+/// Requests up to this many framed bytes are hashed in one call from a stack copy.
+const INLINE_FINGERPRINT: usize = 256;
+
+/// BLAKE3 of the length-framed fields. Most requests are small, and for them the
+/// hasher's cost per `update` call outweighs hashing the bytes, so they are framed into
+/// a stack buffer and hashed at once; larger ones stream. The bytes hashed are the same
+/// either way, and so is the fingerprint.
+fn digest(fields: [&[u8]; 5]) -> Fingerprint {
+    let framed: usize = fields.iter().map(|f| 8 + f.len()).sum();
+    let hash = if framed <= INLINE_FINGERPRINT {
+        let mut buf = [0u8; INLINE_FINGERPRINT];
+        let mut at = 0;
+        for f in fields {
+            buf[at..at + 8].copy_from_slice(&(f.len() as u64).to_le_bytes());
+            buf[at + 8..at + 8 + f.len()].copy_from_slice(f);
+            at += 8 + f.len();
+        }
+        blake3::hash(&buf[..at])
+    } else {
+        let mut h = blake3::Hasher::new();
+        for f in fields {
+            h.update(&(f.len() as u64).to_le_bytes());
+            h.update(f);
+        }
+        h.finalize()
     };
-    field(parts.method.as_str().as_bytes());
-    field(parts.uri.path().as_bytes());
-    field(parts.uri.query().unwrap_or_default().as_bytes());
-    field(
-        parts
-            .headers
-            .get(CONTENT_TYPE)
-            .map_or(&b""[..], |v| v.as_bytes()),
-    );
-    field(body);
     let mut out = [0u8; 16];
-    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    out.copy_from_slice(&hash.as_bytes()[..16]);
     Fingerprint(out)
 }
 
@@ -397,5 +447,40 @@ impl fmt::Display for Scoped<'_> {
             Some(scope) => write!(f, "s{}:{scope}:{}", scope.len(), self.1),
             None => write!(f, "n:{}", self.1),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The framed stream, hashed without the stack copy: what every fingerprint must be.
+    fn streamed(fields: [&[u8]; 5]) -> Fingerprint {
+        let mut h = blake3::Hasher::new();
+        for f in fields {
+            h.update(&(f.len() as u64).to_le_bytes());
+            h.update(f);
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        Fingerprint(out)
+    }
+
+    #[test]
+    fn small_and_large_requests_fingerprint_alike() {
+        // Bodies on both sides of the inline limit, so both paths are checked.
+        for len in [0, 1, 100, 190, 191, 192, 193, 256, 1000] {
+            let body = vec![b'x'; len];
+            let fields: [&[u8]; 5] = [b"POST", b"/payments", b"a=1", b"application/json", &body];
+            assert_eq!(digest(fields), streamed(fields), "body of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn fields_are_framed() {
+        // Moving bytes from one field to the next changes the fingerprint.
+        let a = digest([b"POST", b"/a", b"", b"", b"b"]);
+        let b = digest([b"POST", b"/ab", b"", b"", b""]);
+        assert_ne!(a, b);
     }
 }

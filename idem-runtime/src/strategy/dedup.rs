@@ -9,6 +9,8 @@ use std::future::Future;
 
 use std::ops::Deref;
 
+use bytes::Bytes;
+
 use super::claim::{ClaimGuard, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat};
 use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, NoReplay};
@@ -115,17 +117,14 @@ where
     // releases the claim.
     let mut guard = ClaimGuard::new(store.clone(), key, owner);
     let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
-    let encoded = C::encode(&key, &result).or_else(|e| {
-        // The body ran and its effect happened, but its value cannot be stored. Record
-        // that the key completed, so a retry is rejected instead of running again.
-        tracing::error!(%key, error = %e, "result does not serialize; storing a marker");
-        <NoReplay as Codec<(), ()>>::encode(&key, &Ok(()))
-    })?;
-    let settle = encoded.map(|bytes| (bytes, opts.ttl));
     let local = store.local().is_some();
-    let outcome = match &settle {
-        Some((bytes, ttl)) => {
-            let done = store.complete(&key, owner, bytes.clone(), *ttl);
+    // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
+    // the rare failed call encodes them again below.
+    let bytes = record::<C, T, E>(&key, &result, true)?;
+    let completing = bytes.is_some();
+    let outcome = match bytes {
+        Some(bytes) => {
+            let done = store.complete(&key, owner, bytes, opts.ttl);
             observe::store_call(local, Op::Complete, done).await
         }
         None => observe::store_call(local, Op::Release, store.release(&key, owner)).await,
@@ -144,10 +143,39 @@ where
             observe::outcome(opts, &key, Outcome::StoreError);
             idem.count_store_failure();
             tracing::warn!(%key, error = %e, "could not record the result; retrying in the background");
+            // Encoding the same result again gives the same record (and should it not,
+            // the marker still keeps the key from running again).
+            let settle = completing.then(|| {
+                let bytes = record::<C, T, E>(&key, &result, false).ok().flatten();
+                (bytes.unwrap_or_else(|| marker(&key)), opts.ttl)
+            });
             retry_settle(store.clone(), key, owner, settle);
         }
     }
     result
+}
+
+/// The record to store for `result` (`None`: release the key instead). A value that
+/// does not serialize is recorded as a marker: the body ran and its effect happened, so
+/// a retry must be rejected rather than run again. `log` says whether to report that.
+fn record<C, T, E>(key: &Key, result: &Result<T, E>, log: bool) -> Result<Option<Bytes>, Error>
+where
+    C: Codec<T, E>,
+{
+    C::encode(key, result).or_else(|e| {
+        if log {
+            tracing::error!(%key, error = %e, "result does not serialize; storing a marker");
+        }
+        <NoReplay as Codec<(), ()>>::encode(key, &Ok(()))
+    })
+}
+
+/// The record of a key that completed without a replayable value.
+fn marker(key: &Key) -> Bytes {
+    <NoReplay as Codec<(), ()>>::encode(key, &Ok(()))
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 impl Idem {
