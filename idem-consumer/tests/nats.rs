@@ -382,3 +382,55 @@ async fn a_record_ttl_shorter_than_the_redelivery_horizon_refuses_to_start() {
     );
     n.drop_stream().await;
 }
+
+/// The `idem_consumer_*` series of a run on the broker, as a Prometheus scrape shows
+/// them: a processed message, its duplicate stored again past the duplicate window, and
+/// a message without an id.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_the_broker_is_counted_in_the_prometheus_text() {
+    // The recorder is the process's; only this test uses the operation below, so its
+    // series are this test's alone.
+    static METERED: Options = Options::dedup("test::metered")
+        .lease(Duration::from_secs(2))
+        .wait(Duration::from_secs(10));
+    let scrape = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder of this test binary");
+    idem_consumer::observe::describe_metrics();
+    let n = nats(Duration::from_millis(200)).await;
+    n.publish(Some("p-1"), "{}").await;
+    settle(400).await; // past the duplicate window: JetStream stores it again
+    n.publish(Some("p-1"), "{}").await;
+    n.publish(None, "{}").await;
+    let effects = Effects::default();
+    let recorded = effects.clone();
+    let consumer = Consumer::builder(idem(), METERED.clone()).handler(move |msg: Message| {
+        let effects = recorded.clone();
+        async move {
+            effects.record(&msg.id);
+            Ok::<_, BoxError>(())
+        }
+    });
+    let run = spawn(&consumer, n.source(Duration::from_secs(5)).await);
+    eventually(20, "three deliveries settled", || {
+        let c = consumer.counters();
+        c.processed + c.duplicates + c.poison == 3
+    })
+    .await;
+    let c = run.stop().await;
+    assert_eq!((c.processed, c.duplicates, c.missing_id), (1, 1, 1));
+    let text = scrape.render();
+    for outcome in ["processed", "duplicate", "no_id"] {
+        let line = format!(
+            "idem_consumer_messages_total{{operation=\"test::metered\",outcome=\"{outcome}\"}} 1"
+        );
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
+    assert!(
+        text.contains("# HELP idem_consumer_messages_total"),
+        "help text described:\n{text}"
+    );
+    assert_eq!(effects.count("p-1"), 1);
+    n.drop_stream().await;
+}
