@@ -92,6 +92,12 @@
 //!   a user); the same key from two scopes names two records. Keys are stored as
 //!   digests, never in the clear.
 //!
+//! # Features
+//!
+//! - `axum`: [`IdempotencyKey`] as an extractor, and `IntoResponse` for [`Problem`].
+//! - `metrics`: counts requests by outcome ([`observe`]) through the `metrics` facade,
+//!   beside the runtime's own metrics.
+//!
 //! # What is buffered, what streams
 //!
 //! A handled request (a method in [`IdempotencyLayer::methods`] carrying a key) is
