@@ -83,8 +83,8 @@ impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
 
     fn decode(key: &Key, bytes: &[u8]) -> Result<Result<Ran<B>, Failed<R, E>>, Error> {
         // Checked before copying, so a damaged record costs no allocation.
-        check(key, bytes)?;
-        decode(key, &Bytes::copy_from_slice(bytes)).map(Ok)
+        let kind = check(key, bytes)?;
+        read(key, kind, &Bytes::copy_from_slice(bytes)).map(Ok)
     }
 
     fn decode_shared(key: &Key, bytes: &Bytes) -> Result<Result<Ran<B>, Failed<R, E>>, Error> {
@@ -171,7 +171,12 @@ fn corrupt(key: &Key, reason: &str) -> Error {
 
 /// Reads a record back. Header values and the body share the record's buffer.
 fn decode<B: Body>(key: &Key, record: &Bytes) -> Result<Ran<B>, Error> {
-    match check(key, record)? {
+    read(key, check(key, record)?, record)
+}
+
+/// Reads a record whose envelope [`check`] passed, as `kind`.
+fn read<B: Body>(key: &Key, kind: u8, record: &Bytes) -> Result<Ran<B>, Error> {
+    match kind {
         KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable),
         KIND_RESPONSE => {}
         _ => return Err(corrupt(key, "unknown HTTP record kind")),
