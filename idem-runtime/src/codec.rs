@@ -255,6 +255,11 @@ fn seal<V: Serialize + ?Sized>(key: &Key, tag: u8, value: &V) -> Result<Bytes, E
     Ok(buf.freeze())
 }
 
+/// The record of a call that completed without a value to replay ([`NoReplay`]'s `Ok`).
+pub(crate) fn completed_marker(key: &Key) -> Bytes {
+    marker(key, TAG_MARK_OK)
+}
+
 fn marker(key: &Key, tag: u8) -> Bytes {
     // Infallible: a unit serializes to `null`.
     seal(key, tag, &()).unwrap_or_else(|_| Bytes::from_static(&[]))

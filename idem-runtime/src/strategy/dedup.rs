@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::claim::{ClaimGuard, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat};
 use crate::codec::ReplayOk;
-use crate::codec::{CloneReplay, Codec, NoReplay};
+use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Op, Outcome};
 use crate::options::OnDuplicate;
@@ -120,7 +120,7 @@ where
     let local = store.local().is_some();
     // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
     // the rare failed call encodes them again below.
-    let bytes = record::<C, T, E>(&key, &result, true)?;
+    let bytes = record::<C, T, E>(&key, &result, true);
     let completing = bytes.is_some();
     let outcome = match bytes {
         Some(bytes) => {
@@ -146,8 +146,8 @@ where
             // Encoding the same result again gives the same record (and should it not,
             // the marker still keeps the key from running again).
             let settle = completing.then(|| {
-                let bytes = record::<C, T, E>(&key, &result, false).ok().flatten();
-                (bytes.unwrap_or_else(|| marker(&key)), opts.ttl)
+                let bytes = record::<C, T, E>(&key, &result, false);
+                (bytes.unwrap_or_else(|| completed_marker(&key)), opts.ttl)
             });
             retry_settle(store.clone(), key, owner, settle);
         }
@@ -158,24 +158,16 @@ where
 /// The record to store for `result` (`None`: release the key instead). A value that
 /// does not serialize is recorded as a marker: the body ran and its effect happened, so
 /// a retry must be rejected rather than run again. `log` says whether to report that.
-fn record<C, T, E>(key: &Key, result: &Result<T, E>, log: bool) -> Result<Option<Bytes>, Error>
+fn record<C, T, E>(key: &Key, result: &Result<T, E>, log: bool) -> Option<Bytes>
 where
     C: Codec<T, E>,
 {
-    C::encode(key, result).or_else(|e| {
+    C::encode(key, result).unwrap_or_else(|e| {
         if log {
             tracing::error!(%key, error = %e, "result does not serialize; storing a marker");
         }
-        <NoReplay as Codec<(), ()>>::encode(key, &Ok(()))
+        Some(completed_marker(key))
     })
-}
-
-/// The record of a key that completed without a replayable value.
-fn marker(key: &Key) -> Bytes {
-    <NoReplay as Codec<(), ()>>::encode(key, &Ok(()))
-        .ok()
-        .flatten()
-        .unwrap_or_default()
 }
 
 impl Idem {
