@@ -200,36 +200,43 @@ where
     ResB: Body,
 {
     let layer = &shared.layer;
-    let (parts, body) = req.into_parts();
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > layer.max_request_bytes as u64) {
-        return Ok(problem(layer, Problem::RequestTooLarge));
-    }
-    let bytes = match read_request(body, layer.max_request_bytes).await {
-        Ok(bytes) => bytes,
-        Err(p) => return Ok(problem(layer, p)),
+    // In a block, so the request's parts (borrowed for the fingerprint) take no room in
+    // this future once the handler has them.
+    let (handler, fingerprint, scope) = {
+        let (parts, body) = req.into_parts();
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > layer.max_request_bytes as u64) {
+            return Ok(problem(layer, Problem::RequestTooLarge));
+        }
+        let bytes = match read_request(body, layer.max_request_bytes).await {
+            Ok(bytes) => bytes,
+            Err(p) => return Ok(problem(layer, p)),
+        };
+        let fingerprint = fingerprint(&parts, &bytes);
+        let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+        let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+        // Boxed on its own: the runtime's call future nests the body several levels
+        // deep, and a pointer moves through them where the handler's state would be
+        // copied.
+        let handler = Box::pin(handle(layer, inner, key.clone(), req));
+        (handler, fingerprint, scope)
     };
-    let fingerprint = fingerprint(&parts, &bytes);
-    let scope = layer.scope.as_ref().and_then(|f| f(&parts));
-    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-    // Boxed on its own: the runtime's call future nests the body several levels deep,
-    // and a pointer moves through them where the handler's whole state would be copied.
-    let handler = Box::pin(handle(layer, inner, key.clone(), req));
+    // The runtime's call is boxed apart from this future too, so that neither
+    // allocation is over a kilobyte: above that size glibc's malloc leaves its
+    // per-thread caches for a slow path that sorts and merges free chunks.
     let result = match layer.mode {
         Mode::Keys => {
             let scoped = Scoped(scope.as_deref(), key.as_str());
-            layer
-                .idem
-                .dedup_with::<ResponseCodec, _, _, _>(
-                    &shared.opts,
-                    scoped,
-                    Some(fingerprint),
-                    handler,
-                )
-                .await
+            Box::pin(layer.idem.dedup_with::<ResponseCodec, _, _, _>(
+                &shared.opts,
+                scoped,
+                Some(fingerprint),
+                handler,
+            ))
+            .await
         }
         Mode::Tokens => {
             Box::pin(layer.idem.consume_token::<ResponseCodec, _, _, _>(

@@ -6,8 +6,8 @@
 #![doc = include_str!("guide/dedup.md")]
 
 use std::future::Future;
-
 use std::ops::Deref;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -17,7 +17,7 @@ use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Op, Outcome};
 use crate::options::OnDuplicate;
-use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Memo, Owner, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 use std::fmt;
 
@@ -49,7 +49,17 @@ where
     )
 }
 
-async fn call<C, T, E, F>(
+/// A call in two phases: claiming (a replay or a refusal ends there), then running the
+/// claimed body and recording its result in a future of its own. Kept apart, the two
+/// phases share their bytes instead of each keeping slots of its own, and that keeps
+/// the future of a call (an HTTP request's, say) under a kilobyte: above that size
+/// glibc's malloc leaves its per-thread caches for a slower path.
+///
+/// An `async move` block rather than an `async fn`, here and in [`run_claimed`]: the
+/// block holds each argument once, where the function's future held it twice (as
+/// passed, and as the local it is moved into).
+#[allow(clippy::manual_async_fn)] // see above: the block is the point
+fn call<C, T, E, F>(
     idem: impl Deref<Target = Idem>,
     opts: &Options,
     kind: ClaimKind,
@@ -57,23 +67,52 @@ async fn call<C, T, E, F>(
     fingerprint: Option<Fingerprint>,
     reuse: Option<CloneReplay<T>>,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     C: Codec<T, E>,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    let store = idem.store();
-    let owner = Owner::next();
-    let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-    let (outcome, memo, waited) = claim_memo(&**store, &key, &req, opts.wait)
-        .await
-        .inspect_err(|e| {
-            observe::failed(opts, &key, e);
-            undo_uncertain_claim(store, key, owner, e)
-        })?;
+    async move {
+        let owner = Owner::next();
+        let claimed = {
+            let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
+            claim_memo(&**idem.store(), &key, &req, opts.wait).await
+        };
+        if let Some(answered) =
+            answer::<C, T, E>(idem.store(), opts, key, owner, fingerprint, reuse, claimed)
+        {
+            return answered;
+        }
+        run_claimed::<C, T, E, F>(&idem, opts, key, owner, body).await
+    }
+}
+
+/// What a claim's outcome answers without running the body: a replay, a refusal, or
+/// the store's error. `None`: the key is claimed, run the body.
+fn answer<C, T, E>(
+    store: &Arc<dyn Store>,
+    opts: &Options,
+    key: Key,
+    owner: Owner,
+    fingerprint: Option<Fingerprint>,
+    reuse: Option<CloneReplay<T>>,
+    claimed: Result<(Option<ClaimOutcome>, Option<Memo>, bool), Error>,
+) -> Option<Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+{
+    let (outcome, memo, waited) = match claimed {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            observe::failed(opts, &key, &e);
+            undo_uncertain_claim(store, key, owner, &e);
+            return Some(Err(e.into()));
+        }
+    };
     let refused = match outcome {
-        Some(ClaimOutcome::Claimed { .. }) => None,
+        Some(ClaimOutcome::Claimed { .. }) => return None,
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,
@@ -84,75 +123,96 @@ where
                 Outcome::Replayed
             };
             if let Err(e) = check_fingerprint(&key, fingerprint, stored) {
-                Some(e)
+                e
             } else if opts.on_duplicate == OnDuplicate::Reject {
-                Some(Error::Duplicate { key })
+                Error::Duplicate { key }
             } else {
                 if let (Some(reuse), Some(memo)) = (&reuse, &memo)
                     && let Some(v) = reuse.get(&**memo)
                 {
                     observe::outcome(opts, &key, replayed);
-                    return Ok(v);
+                    return Some(Ok(v));
                 }
-                let decoded = C::decode_shared(&key, &value)
-                    .inspect_err(|e| observe::failed(opts, &key, e))?;
+                let decoded = match C::decode_shared(&key, &value) {
+                    Ok(decoded) => decoded,
+                    Err(e) => {
+                        observe::failed(opts, &key, &e);
+                        return Some(Err(e.into()));
+                    }
+                };
                 if let (Some(reuse), Some(local), Ok(v)) = (&reuse, store.local(), &decoded) {
                     // Only a value decoded from the record is kept, so a clone of it is
                     // exactly what the next decode would give.
                     local.memoize(&key, &value, reuse.make(v));
                 }
                 observe::outcome(opts, &key, replayed);
-                return decoded;
+                return Some(decoded);
             }
         }
-        Some(ClaimOutcome::Missing) => Some(Error::TokenInvalid { key }),
-        None | Some(ClaimOutcome::Busy { .. }) => Some(Error::InProgress { key }),
+        Some(ClaimOutcome::Missing) => Error::TokenInvalid { key },
+        None | Some(ClaimOutcome::Busy { .. }) => Error::InProgress { key },
     };
-    if let Some(e) = refused {
-        observe::failed(opts, &key, &e);
-        return Err(e.into());
-    }
+    observe::failed(opts, &key, &refused);
+    Some(Err(refused.into()))
+}
 
-    // From here until the record is completed or released, a drop (cancellation or panic)
-    // releases the claim.
-    let mut guard = ClaimGuard::new(store.clone(), key, owner);
-    let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
-    let local = store.local().is_some();
-    // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
-    // the rare failed call encodes them again below.
-    let bytes = record::<C, T, E>(&key, &result, true);
-    let completing = bytes.is_some();
-    let outcome = match bytes {
-        Some(bytes) => {
-            let done = store.complete(&key, owner, bytes, opts.ttl);
-            observe::store_call(local, Op::Complete, done).await
+/// Runs the claimed body, then completes the record (or releases the key).
+#[allow(clippy::manual_async_fn)] // an `async move` block, as in `call`
+fn run_claimed<C, T, E, F>(
+    idem: &Idem,
+    opts: &Options,
+    key: Key,
+    owner: Owner,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    async move {
+        let store = idem.store();
+        // From here until the record is completed or released, a drop (cancellation or panic)
+        // releases the claim.
+        let mut guard = ClaimGuard::new(store.clone(), key, owner);
+        let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
+        let local = store.local().is_some();
+        // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
+        // the rare failed call encodes them again below.
+        let bytes = record::<C, T, E>(&key, &result, true);
+        let completing = bytes.is_some();
+        let outcome = match bytes {
+            Some(bytes) => {
+                let done = store.complete(&key, owner, bytes, opts.ttl);
+                observe::store_call(local, Op::Complete, done).await
+            }
+            None => observe::store_call(local, Op::Release, store.release(&key, owner)).await,
+        };
+        guard.disarm();
+        match outcome {
+            Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
+            Ok(false) => {
+                observe::outcome(opts, &key, Outcome::LeaseLost);
+                idem.lease_lost(&key, lost)
+            }
+            Err(e) => {
+                // The effect happened; the caller gets its result. The claim stays (so
+                // duplicates wait rather than run again) while the result is recorded in the
+                // background; if the store stays down, the claim ends with its lease.
+                observe::outcome(opts, &key, Outcome::StoreError);
+                idem.count_store_failure();
+                tracing::warn!(%key, error = %e, "could not record the result; retrying in the background");
+                // Encoding the same result again gives the same record (and should it not,
+                // the marker still keeps the key from running again).
+                let settle = completing.then(|| {
+                    let bytes = record::<C, T, E>(&key, &result, false);
+                    (bytes.unwrap_or_else(|| completed_marker(&key)), opts.ttl)
+                });
+                retry_settle(store.clone(), key, owner, settle);
+            }
         }
-        None => observe::store_call(local, Op::Release, store.release(&key, owner)).await,
-    };
-    guard.disarm();
-    match outcome {
-        Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
-        Ok(false) => {
-            observe::outcome(opts, &key, Outcome::LeaseLost);
-            idem.lease_lost(&key, lost)
-        }
-        Err(e) => {
-            // The effect happened; the caller gets its result. The claim stays (so
-            // duplicates wait rather than run again) while the result is recorded in the
-            // background; if the store stays down, the claim ends with its lease.
-            observe::outcome(opts, &key, Outcome::StoreError);
-            idem.count_store_failure();
-            tracing::warn!(%key, error = %e, "could not record the result; retrying in the background");
-            // Encoding the same result again gives the same record (and should it not,
-            // the marker still keeps the key from running again).
-            let settle = completing.then(|| {
-                let bytes = record::<C, T, E>(&key, &result, false);
-                (bytes.unwrap_or_else(|| completed_marker(&key)), opts.ttl)
-            });
-            retry_settle(store.clone(), key, owner, settle);
-        }
+        result
     }
-    result
 }
 
 /// The record to store for `result` (`None`: release the key instead). A value that
