@@ -4,9 +4,14 @@
 //!
 //! Both apps are served in this process on loopback ports and driven by one reqwest
 //! client with a connection per task, so the client, the servers and the store share the
-//! machine alike for every case. The cases alternate, bare, new key, replay, bare, ...,
-//! `repeats` times, and each keeps its median window, so a burst of other load on the
-//! machine lands on all of them rather than on one.
+//! machine alike for every case.
+//!
+//! On a shared machine the bare app's own rate swings by a third from one second to the
+//! next, so one window of each case says little. The cases run in [`ROUNDS`] rounds of
+//! one window each, in an order that rotates from round to round (so no case always
+//! follows another). A ratio is the median over rounds of that round's layered rate over
+//! its bare rate: the two windows of a round are seconds apart and see the same machine.
+//! The table keeps each case's median window.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +28,14 @@ use crate::report::{Report, Summary};
 
 /// The connection counts measured.
 const CONNECTIONS: [usize; 2] = [1, 50];
+
+/// Rounds of the three cases per connection count.
+const ROUNDS: usize = 9;
+
+/// How many rounds a run makes: [`ROUNDS`], or one with `--quick`.
+pub(crate) fn rounds(args: &Args) -> usize {
+    if args.quick { 1 } else { ROUNDS }
+}
 
 const BODY: &str = r#"{"order":42,"cents":1999}"#;
 
@@ -123,8 +136,10 @@ async fn measure(
     let cases = [Case::Bare, Case::NewKey, Case::Replay];
     let mut runs: Vec<Vec<Outcome>> = vec![Vec::new(); cases.len()];
     let tag = load::run_tag();
-    for _ in 0..args.repeats() {
-        for (i, case) in cases.into_iter().enumerate() {
+    for round in 0..rounds(args) {
+        for turn in 0..cases.len() {
+            let i = (round + turn) % cases.len();
+            let case = cases[i];
             let url: Arc<str> = Arc::from(match case {
                 Case::Bare => bare,
                 _ => layered,
@@ -163,6 +178,15 @@ async fn measure(
             runs[i].push(load::run(args.plan(conns), op).await);
         }
     }
+    // Per round, layered over bare, before the windows are sorted for the table.
+    let paired = |i: usize| -> Vec<f64> {
+        runs[i]
+            .iter()
+            .zip(&runs[0])
+            .map(|(layered, bare)| layered.ops_per_sec() / bare.ops_per_sec())
+            .collect()
+    };
+    let (new_ratios, replay_ratios) = (paired(1), paired(2));
     let group = format!("http {store} {conns} conn");
     let mut sums: Vec<Summary> = Vec::new();
     for (case, mut outs) in cases.into_iter().zip(runs) {
@@ -174,15 +198,17 @@ async fn measure(
         median.first_error = first_error;
         sums.push(report.add(&group, case.name(), median));
     }
-    let what = "requests/s through the layer / the bare axum app's";
-    report.ratio(
+    let what = "requests/s through the layer / the bare axum app's, median over rounds";
+    report.ratio_of(
         format!("http-{store}-new-{conns}"),
+        new_ratios,
         &sums[1],
         &sums[0],
         what,
     );
-    report.ratio(
+    report.ratio_of(
         format!("http-{store}-replay-{conns}"),
+        replay_ratios,
         &sums[2],
         &sums[0],
         what,

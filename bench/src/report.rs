@@ -141,6 +141,45 @@ impl Report {
         });
     }
 
+    /// `ratio NAME median(per_round)`: for cases measured in rounds, each round's
+    /// ratio taken from windows seconds apart. `idem` and `base` are the cases' summaries,
+    /// checked for errors as in [`Report::ratio`]. The spread of the rounds goes into
+    /// what the ratio divides, so a reader sees how far one round is to be trusted.
+    pub(crate) fn ratio_of(
+        &mut self,
+        name: impl Into<String>,
+        mut per_round: Vec<f64>,
+        idem: &Summary,
+        base: &Summary,
+        what: &str,
+    ) {
+        let name = name.into();
+        per_round.retain(|r| r.is_finite() && *r > 0.0);
+        if idem.errors > 0 || base.errors > 0 || per_round.is_empty() {
+            self.notes.push(format!(
+                "no ratio {name}: a case had errors ({} / {}) or no calls",
+                idem.errors, base.errors
+            ));
+            return;
+        }
+        per_round.sort_by(f64::total_cmp);
+        let n = per_round.len();
+        let median = if n % 2 == 1 {
+            per_round[n / 2]
+        } else {
+            (per_round[n / 2 - 1] + per_round[n / 2]) / 2.0
+        };
+        self.ratios.push(Ratio {
+            name,
+            value: median,
+            what: format!(
+                "{what} ({n} rounds, {:.2} to {:.2})",
+                per_round[0],
+                per_round[n - 1]
+            ),
+        });
+    }
+
     pub(crate) fn note(&mut self, note: impl Into<String>) {
         let note = note.into();
         eprintln!("  note: {note}");

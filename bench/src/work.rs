@@ -91,8 +91,9 @@ pub(crate) async fn machine(args: &Args) -> String {
     );
     let _ = writeln!(
         s,
-        "- runtime: tokio multi-thread, {cores} workers; each case warms up {warmup:?} then measures {window:?}; the peer cases (`peers/*`) run {} such windows and keep the median",
-        args.repeats()
+        "- runtime: tokio multi-thread, {cores} workers; each case warms up {warmup:?} then measures {window:?}; the peer cases (`peers/*`) run {} such windows and keep the median; the `http` cases run {} rounds, each ratio the median of the rounds' ratios",
+        args.repeats(),
+        crate::http::rounds(args)
     );
     let _ = writeln!(s, "- load average at the start: {}", loadavg());
     if let Some(url) = &args.redis {
