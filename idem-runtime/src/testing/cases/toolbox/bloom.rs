@@ -199,8 +199,10 @@ pub async fn bloom_dedup_never_drops_new_ids(store: Arc<dyn Store>) {
 /// vanished) is told "maybe": by then the twin could have run and its record expired, so
 /// "new" no longer proves that nobody processed the id. A prompt body is told "new".
 pub async fn bloom_new_verdict_expires_with_the_records(store: Arc<dyn Store>) {
+    // "Prompt" is within half the ttl of the filter's answer: a full second, so a slow
+    // database on a loaded machine still answers the prompt claim in time.
     static SHORT: Options = Options::dedup("conformance::short_records")
-        .ttl(Duration::from_millis(400))
+        .ttl(Duration::from_millis(2000))
         .wait(Duration::from_secs(10));
     let idem = idem(&store);
     let f = BloomFilter::new(&idem, "conformance::late", 1000, 0.01).unwrap();
@@ -211,9 +213,10 @@ pub async fn bloom_new_verdict_expires_with_the_records(store: Arc<dyn Store>) {
         (true, true, Verdict::New)
     );
 
-    // A twin holds the key (it got ahead of us) and vanishes: its lease ends at 700 ms.
+    // A twin holds the key (it got ahead of us) and vanishes: its lease ends at 1.5 s,
+    // past half the ttl.
     let key = idem.key(&SHORT, format_args!("b"));
-    let twin = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(700));
+    let twin = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(1500));
     assert!(matches!(
         store.claim(&key, &twin).await.unwrap(),
         ClaimOutcome::Claimed { .. }
