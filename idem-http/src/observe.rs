@@ -21,26 +21,27 @@ use crate::Problem;
 /// Counter of requests the layer saw: label `outcome`.
 pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
-/// Every value of the `outcome` label, in [`Outcome`] order.
+/// Every value of the `outcome` label, in [`Outcome`] order: the problems' labels are
+/// their [`code`](Problem::code)s.
 pub const OUTCOMES: [&str; 18] = [
     "ran",
     "replayed",
     "not_stored",
     "passed",
     "service_error",
-    "idempotency-key-missing",
-    "idempotency-key-malformed",
-    "idempotency-key-reused",
-    "idempotency-key-in-flight",
-    "idempotency-response-not-replayable",
-    "idempotency-request-too-large",
-    "idempotency-request-unreadable",
-    "idempotency-store-unavailable",
-    "idempotency-record-corrupt",
-    "idempotency-token-invalid",
-    "idempotency-token-used",
-    "idempotency-key-completed",
-    "idempotency-internal",
+    Problem::KeyMissing.code(),
+    Problem::KeyMalformed.code(),
+    Problem::KeyReused.code(),
+    Problem::InFlight.code(),
+    Problem::NotReplayable.code(),
+    Problem::RequestTooLarge.code(),
+    Problem::BodyUnreadable.code(),
+    Problem::StoreUnavailable.code(),
+    Problem::RecordCorrupt.code(),
+    Problem::TokenInvalid.code(),
+    Problem::TokenUsed.code(),
+    Problem::Completed.code(),
+    Problem::Internal.code(),
 ];
 
 /// How the layer answered one request: the `outcome` label.

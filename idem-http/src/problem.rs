@@ -70,7 +70,7 @@ impl Problem {
     }
 
     /// Its stable machine-readable name (the `code` member).
-    pub fn code(self) -> &'static str {
+    pub const fn code(self) -> &'static str {
         match self {
             Problem::KeyMissing => "idempotency-key-missing",
             Problem::KeyMalformed => "idempotency-key-malformed",
