@@ -245,10 +245,7 @@ impl Sentinels {
 
     /// Replicas of `primary` past their initial sync, streaming its writes.
     pub(crate) fn online(&self, primary: usize) -> usize {
-        let info = self.nodes[primary].cli(&["INFO", "replication"]);
-        info.lines()
-            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
-            .count()
+        online_replicas(&self.nodes[primary].cli(&["INFO", "replication"])).count()
     }
 
     /// Replicas of `primary` that have acknowledged its whole stream.
@@ -258,8 +255,7 @@ impl Sentinels {
             .lines()
             .find_map(|l| l.strip_prefix("master_repl_offset:"))
             .map(|v| v.trim().to_owned());
-        info.lines()
-            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+        online_replicas(&info)
             .filter(|l| {
                 l.split(',')
                     .find_map(|kv| kv.strip_prefix("offset="))
@@ -321,4 +317,11 @@ fn field(out: &str, name: &str) -> Option<i64> {
         }
     }
     None
+}
+
+/// The lines of a primary's `INFO replication` that describe a replica past its
+/// initial sync.
+fn online_replicas(info: &str) -> impl Iterator<Item = &str> {
+    info.lines()
+        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
 }
