@@ -126,12 +126,12 @@ impl Report {
         what: &str,
     ) {
         let name = name.into();
-        if idem.errors > 0 || base.errors > 0 || idem.ops_per_sec <= 0.0 || base.ops_per_sec <= 0.0
-        {
-            self.notes.push(format!(
-                "no ratio {name}: a case had errors ({} / {}) or no calls",
-                idem.errors, base.errors
-            ));
+        if self.no_ratio(
+            &name,
+            idem,
+            base,
+            idem.ops_per_sec <= 0.0 || base.ops_per_sec <= 0.0,
+        ) {
             return;
         }
         self.ratios.push(Ratio {
@@ -155,11 +155,7 @@ impl Report {
     ) {
         let name = name.into();
         per_round.retain(|r| r.is_finite() && *r > 0.0);
-        if idem.errors > 0 || base.errors > 0 || per_round.is_empty() {
-            self.notes.push(format!(
-                "no ratio {name}: a case had errors ({} / {}) or no calls",
-                idem.errors, base.errors
-            ));
+        if self.no_ratio(&name, idem, base, per_round.is_empty()) {
             return;
         }
         per_round.sort_by(f64::total_cmp);
@@ -178,6 +174,19 @@ impl Report {
                 per_round[n - 1]
             ),
         });
+    }
+
+    /// Whether `name` gets no ratio because a case had errors or (`no_calls`) made no
+    /// calls; if so, a note says why.
+    fn no_ratio(&mut self, name: &str, idem: &Summary, base: &Summary, no_calls: bool) -> bool {
+        if idem.errors == 0 && base.errors == 0 && !no_calls {
+            return false;
+        }
+        self.notes.push(format!(
+            "no ratio {name}: a case had errors ({} / {}) or no calls",
+            idem.errors, base.errors
+        ));
+        true
     }
 
     pub(crate) fn note(&mut self, note: impl Into<String>) {
