@@ -157,6 +157,8 @@ pub struct SqlStore {
     timeout: Duration,
     async_claim_commit: bool,
     watchers: Arc<Watchers>,
+    /// The one connection attempt beside the pool that slow calls share.
+    probes: Arc<reach::ProbeGate>,
     /// Bloom bitmaps, which have no SQL form here (see the `toolbox` module).
     blooms: Arc<Blooms>,
     /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
@@ -320,6 +322,7 @@ impl SqlStore {
             timeout: DEFAULT_TIMEOUT,
             async_claim_commit: false,
             watchers: Arc::default(),
+            probes: Arc::default(),
             blooms: Arc::default(),
             #[cfg(feature = "postgres")]
             batches: Arc::default(),

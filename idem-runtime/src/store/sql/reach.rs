@@ -6,6 +6,10 @@
 //! one connection of its own beside the pool: if that fails for a reason that waiting
 //! will not fix, the call fails at once with [`Unreachable`] naming the server and the
 //! cause; if it connects, the database is up but busy, and the call keeps waiting.
+//!
+//! The calls of one store share that probe ([`ProbeGate`]): a busy database makes
+//! hundreds of calls slow at once, and a connection of their own each would fill the
+//! server's connection limit (MariaDB allows 151 by default) exactly when it is busiest.
 
 use std::fmt;
 use std::future::Future;
@@ -15,6 +19,37 @@ use crate::Error;
 
 /// How long a store call waits for the pool before looking at the server itself.
 pub(super) const PROBE_AFTER: Duration = Duration::from_millis(300);
+
+/// How long a probe's answer stands for the other calls of its store.
+const PROBE_FRESH: Duration = Duration::from_secs(1);
+
+/// One probe at a time per store, its answer shared: the first slow call connects,
+/// the calls arriving meanwhile wait for its answer, and the answer stands for
+/// [`PROBE_FRESH`]. So a store adds at most one connection beside its pool, however many
+/// of its calls are slow. A call that ends while it probes (answered, or dropped)
+/// leaves no answer, and the next one probes.
+#[derive(Default)]
+pub(super) struct ProbeGate {
+    last: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), Unreachable>)>>,
+}
+
+impl ProbeGate {
+    /// The fresh answer, or `probe`'s.
+    pub(super) async fn probe<P>(&self, probe: impl FnOnce() -> P) -> Result<(), Unreachable>
+    where
+        P: Future<Output = Result<(), Unreachable>>,
+    {
+        let mut last = self.last.lock().await;
+        if let Some((at, answer)) = &*last
+            && at.elapsed() < PROBE_FRESH
+        {
+            return answer.clone();
+        }
+        let answer = probe().await;
+        *last = Some((tokio::time::Instant::now(), answer.clone()));
+        answer
+    }
+}
 
 /// Why a connection could not be made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -251,5 +286,39 @@ mod tests {
             msg.contains("127.0.0.1:1") && msg.contains("refused"),
             "{msg}"
         );
+    }
+
+    /// However many calls are slow at once, their store opens one probe connection, and
+    /// its answer reaches them all; a failed answer is shared the same way. (On the
+    /// paused clock, so the answer's freshness does not depend on the machine's load.)
+    #[tokio::test(start_paused = true)]
+    async fn slow_calls_share_one_probe() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let gate = Arc::new(ProbeGate::default());
+        let probes = Arc::new(AtomicUsize::new(0));
+        let refused = || Unreachable {
+            backend: "MySQL",
+            server: "127.0.0.1:3306".into(),
+            cause: Cause::Refused,
+            detail: "refused".into(),
+        };
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..200 {
+            let (gate, probes) = (gate.clone(), probes.clone());
+            calls.spawn(async move {
+                gate.probe(|| async move {
+                    probes.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Err(refused())
+                })
+                .await
+            });
+        }
+        while let Some(answer) = calls.join_next().await {
+            let answer = answer.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(answer.err().map(|u| u.cause), Some(Cause::Refused));
+        }
+        assert_eq!(probes.load(Ordering::SeqCst), 1);
     }
 }

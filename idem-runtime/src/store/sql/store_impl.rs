@@ -99,8 +99,13 @@ impl SqlStore {
         .await
     }
 
-    /// One connection attempt beside the pool, to name why the server is unreachable.
+    /// One connection attempt beside the pool, to name why the server is unreachable;
+    /// shared by the store's slow calls (see [`ProbeGate`](super::reach::ProbeGate)).
     async fn probe(&self, within: Duration) -> Result<(), super::Unreachable> {
+        self.probes.probe(|| self.probe_once(within)).await
+    }
+
+    async fn probe_once(&self, within: Duration) -> Result<(), super::Unreachable> {
         match &self.backend {
             #[cfg(feature = "postgres")]
             Backend::Postgres(p) => {
