@@ -9,6 +9,7 @@
 //! RabbitMQ at `$IDEM_BENCH_AMQP` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
 //! a broker that does not answer is noted and skipped.
 
+use std::future::IntoFuture as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -30,6 +31,27 @@ use crate::report::{Report, Summary};
 /// Deliveries in flight, and messages pulled ahead (NATS batch, AMQP prefetch).
 const CONCURRENCY: usize = 64;
 const PREFETCH: usize = 256;
+
+/// Publishes awaiting their broker's ack at once. async-nats bounds its own publish acks
+/// in flight, so a publisher that sends everything before reading an ack stalls for good
+/// once that bound is reached: read the acks window by window.
+const PUBLISH_WINDOW: usize = 512;
+
+/// The bound on one broker round trip (a publish, its ack, a pull), and on a whole
+/// measured run: a bench that cannot finish says why and exits.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `fut`, or an error naming `what` once [`STEP_TIMEOUT`] has passed.
+async fn bounded<T, E: Into<BoxError>>(
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, BoxError> {
+    match tokio::time::timeout(STEP_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(format!("{what}: no answer from the broker within {STEP_TIMEOUT:?}").into()),
+    }
+}
 
 static OPS: Options = Options::dedup("bench::consumer");
 
@@ -118,27 +140,30 @@ async fn measure(
     let tag = format!("{}_{}", crate::load::run_tag(), crate::load::fresh_id());
     match broker {
         Broker::Nats(url) => {
-            let js = jetstream::new(async_nats::connect(url).await?);
+            let js = jetstream::new(bounded("connect", async_nats::connect(url)).await?);
             let name = format!("BENCH_{tag}");
             let subject = format!("{name}.m");
-            let st = js
-                .create_stream(stream::Config {
+            let st = bounded(
+                "create stream",
+                js.create_stream(stream::Config {
                     name: name.clone(),
                     subjects: vec![subject.clone()],
                     max_age: Duration::from_secs(600),
                     ..Default::default()
-                })
-                .await?;
-            let mut acks = Vec::with_capacity(n);
+                }),
+            )
+            .await?;
+            let mut acks = Vec::with_capacity(PUBLISH_WINDOW);
             for i in 0..n {
                 let m = PublishMessage::build()
                     .payload("{}".into())
                     .message_id(format!("{tag}-{i}"));
-                acks.push(js.send_publish(subject.clone(), m).await?);
-            }
-            // Every publish is in flight already; collect the acks in order.
-            for a in acks {
-                a.await?;
+                acks.push(bounded("publish", js.send_publish(subject.clone(), m)).await?);
+                if acks.len() == PUBLISH_WINDOW || i + 1 == n {
+                    for a in acks.drain(..) {
+                        bounded("publish ack", a.into_future()).await?;
+                    }
+                }
             }
             let mut c = st
                 .create_consumer(pull::Config {
@@ -155,7 +180,7 @@ async fn measure(
             rate
         }
         Broker::Amqp(url) => {
-            let conn = Connection::connect(url, Default::default()).await?;
+            let conn = bounded("connect", Connection::connect(url, Default::default())).await?;
             let ch = conn.create_channel().await?;
             let queue = format!("bench_{tag}");
             ch.queue_declare(
@@ -164,23 +189,33 @@ async fn measure(
                 FieldTable::default(),
             )
             .await?;
-            let mut confirms = Vec::with_capacity(n);
+            let mut confirms = Vec::with_capacity(PUBLISH_WINDOW);
             for i in 0..n {
                 let props = BasicProperties::default()
                     .with_message_id(ShortString::from(format!("{tag}-{i}")));
                 confirms.push(
-                    ch.basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        BasicPublishOptions::default(),
-                        b"{}",
-                        props,
+                    bounded(
+                        "publish",
+                        ch.basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions::default(),
+                            b"{}",
+                            props,
+                        ),
                     )
                     .await?,
                 );
-            }
-            for c in join_all(confirms).await {
-                c?;
+                if confirms.len() == PUBLISH_WINDOW || i + 1 == n {
+                    let window = std::mem::take(&mut confirms);
+                    let all = async {
+                        join_all(window)
+                            .await
+                            .into_iter()
+                            .collect::<Result<Vec<_>, _>>()
+                    };
+                    bounded("publish confirms", all).await?;
+                }
             }
             let source = RabbitSource::new(&ch, &queue, PREFETCH as u16).await?;
             let rate = consume(source, n, store).await;
@@ -199,7 +234,7 @@ async fn consume<S: Source + 'static>(
     store: Option<Arc<dyn Store>>,
 ) -> Result<f64, BoxError> {
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(120);
+    let deadline = started + RUN_TIMEOUT;
     match store {
         None => bare(source, n as u64, deadline).await?,
         Some(store) => {
@@ -216,7 +251,11 @@ async fn consume<S: Source + 'static>(
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             };
-            let c = consumer.run(source, done).await?;
+            // `done` ends the run at the deadline; the bound on top catches a run that
+            // does not stop when told to.
+            let c = tokio::time::timeout(RUN_TIMEOUT + STEP_TIMEOUT, consumer.run(source, done))
+                .await
+                .map_err(|_| "idem consumer: did not stop after its deadline")??;
             if c.processed < n as u64 || c.ack_failures > 0 {
                 return Err(format!("idem consumer: {c:?} of {n}").into());
             }
@@ -232,9 +271,19 @@ async fn bare<S: Source>(mut source: S, n: u64, deadline: Instant) -> Result<(),
     let acked = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     let mut pulled = 0;
+    // Every wait is bounded by the run's deadline, not checked only after a message
+    // arrives: a broker that stops delivering ends the run with an error.
+    let timed_out = || -> BoxError {
+        "bare consumer: its deadline passed before every message was acked".into()
+    };
     while pulled < n {
-        let slot = slots.clone().acquire_owned().await?;
-        let d = match source.next().await {
+        let slot = tokio::time::timeout_at(deadline.into(), slots.clone().acquire_owned())
+            .await
+            .map_err(|_| timed_out())??;
+        let d = match tokio::time::timeout_at(deadline.into(), source.next())
+            .await
+            .map_err(|_| timed_out())?
+        {
             Some(d) => d?,
             None => return Err("the subscription ended".into()),
         };
@@ -247,11 +296,11 @@ async fn bare<S: Source>(mut source: S, n: u64, deadline: Instant) -> Result<(),
             drop(slot);
         });
         while tasks.try_join_next().is_some() {}
-        if Instant::now() > deadline {
-            return Err("bare consumer: timed out".into());
-        }
     }
-    while tasks.join_next().await.is_some() {}
+    let drained = async { while tasks.join_next().await.is_some() {} };
+    tokio::time::timeout_at(deadline.into(), drained)
+        .await
+        .map_err(|_| timed_out())?;
     match acked.load(Ordering::Relaxed) {
         a if a == n => Ok(()),
         a => Err(format!("bare consumer: {a} of {n} acks went through").into()),
