@@ -61,9 +61,9 @@ pub enum Error {
         key: Key,
     },
     /// A state-machine move that the transition table does not allow.
-    #[error("transition from {from:?} to {to:?} is not allowed")]
+    #[error("transition from {} to {to} is not allowed", from.as_deref().unwrap_or("(none)"))]
     InvalidTransition {
-        /// The state the record is in (`None`: no state yet).
+        /// The state the record is in (`None`: no state yet, shown as `(none)`).
         from: Option<String>,
         /// The state asked for.
         to: String,

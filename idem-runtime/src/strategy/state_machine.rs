@@ -648,4 +648,24 @@ mod tests {
         assert!(m.is_terminal("done"));
         assert!(matches!(m.request("nope"), Err(Error::Config(_))));
     }
+
+    #[test]
+    fn invalid_transition_prints_the_states_plainly() {
+        let paid = Error::InvalidTransition {
+            from: Some("paid".into()),
+            to: "created".into(),
+        };
+        assert_eq!(
+            paid.to_string(),
+            "transition from paid to created is not allowed"
+        );
+        let none = Error::InvalidTransition {
+            from: None,
+            to: "shipped".into(),
+        };
+        assert_eq!(
+            none.to_string(),
+            "transition from (none) to shipped is not allowed"
+        );
+    }
 }
