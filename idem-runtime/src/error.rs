@@ -68,6 +68,14 @@ pub enum Error {
         /// The state asked for.
         to: String,
     },
+    /// A state-machine move on the application's own table
+    /// (`StateColumn`, with an SQL feature) named a row that
+    /// does not exist. The id is not shown: it may be raw key material.
+    #[error("no row of {table} has that id")]
+    NoSuchRow {
+        /// The table, as given to `stored_in`.
+        table: String,
+    },
     /// The store failed, timed out or is unreachable. The body did not run without a claim.
     #[error("store error: {0}")]
     Store(#[source] BoxError),

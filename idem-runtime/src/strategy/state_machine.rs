@@ -25,6 +25,15 @@ use crate::store::{
 };
 use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod own_table;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use own_table::{StateColumn, StateDatabase};
+
 const POLL_MIN: Duration = Duration::from_millis(2);
 const MAX_STATE_LEN: usize = 255;
 const POLL_MAX: Duration = Duration::from_millis(100);
