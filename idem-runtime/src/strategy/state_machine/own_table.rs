@@ -391,9 +391,9 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A database a [`StateColumn`] runs on: [`sqlx::Postgres`], [`sqlx::MySql`] or
-/// [`sqlx::Sqlite`] (with their cargo features). Sealed: the items are idem's
-/// internals.
+/// A database a [`StateColumn`] runs on: `sqlx::Postgres`, `sqlx::MySql` or
+/// `sqlx::Sqlite` (with the features `postgres`, `mysql`, `sqlite`). Sealed: the items
+/// are idem's internals.
 pub trait StateDatabase: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const QUOTE: char;
