@@ -381,6 +381,63 @@ mod postgres {
         exec(&pool, format!("DROP TYPE {ty}")).await;
         pool.close().await;
     }
+    /// A row that enters an allowed state between the guarded UPDATEs and the read that
+    /// classifies their refusal is moved, not refused: the row has no state, another
+    /// transaction enters `created` and holds it; the move to `cancelled` finds no
+    /// `created` or `paid` row (PostgreSQL does not wait on a row that did not match),
+    /// its read waits on the row lock, sees `created`, and the move is tried again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_entering_a_source_state_meanwhile_is_moved() {
+        let pool = crate::pg_pool().await;
+        let table = format!("own_late_{}", crate::support::suffix());
+        exec(
+            &pool,
+            format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, status TEXT)"),
+        )
+        .await;
+        exec(&pool, format!("INSERT INTO {table} VALUES (1, NULL)")).await;
+        let column = crate::orders().stored_in(&table, "id", "status").unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {table} SET status = 'created' WHERE id = 1"
+        )))
+        .execute(&mut *other)
+        .await
+        .unwrap();
+        let mover = {
+            let (pool, column) = (pool.clone(), column.clone());
+            tokio::spawn(async move { column.transition(&pool, 1_i64, "cancelled").await })
+        };
+        let waiting = format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE 'SELECT CAST(%{table}%'"
+        );
+        let blocked = crate::support::eventually(std::time::Duration::from_secs(20), || {
+            let (pool, waiting) = (pool.clone(), waiting.clone());
+            async move { count(&pool, waiting).await == 1 }
+        })
+        .await;
+        assert!(
+            blocked,
+            "the classifying read waits on the other transaction's row lock"
+        );
+        other.commit().await.unwrap();
+        let step = tokio::time::timeout(std::time::Duration::from_secs(20), mover)
+            .await
+            .expect("the mover finishes once the lock is gone")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            step,
+            Step::Performed {
+                from: Some("created".into()),
+                value: ()
+            }
+        );
+        assert_eq!(status(&pool, &table, 1).await.as_deref(), Some("cancelled"));
+        exec(&pool, format!("DROP TABLE {table}")).await;
+        pool.close().await;
+    }
 }
 
 mod mysql {
