@@ -7,6 +7,10 @@
 //! without effect. A body tied to a move ([`Idem::transition_with`]) runs only for the
 //! caller that performs it.
 //!
+//! When the state already is a column of your own table (`orders.status`), keep it
+//! there: `StateMachine::stored_in` (SQL features) moves the row itself with the same
+//! rules; see [Own table](#own-table) below.
+//!
 #![doc = include_str!("guide/state_machine.md")]
 
 use std::collections::HashMap;
