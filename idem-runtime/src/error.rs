@@ -61,12 +61,20 @@ pub enum Error {
         key: Key,
     },
     /// A state-machine move that the transition table does not allow.
-    #[error("transition from {from:?} to {to:?} is not allowed")]
+    #[error("transition from {} to {to} is not allowed", from.as_deref().unwrap_or("(none)"))]
     InvalidTransition {
-        /// The state the record is in (`None`: no state yet).
+        /// The state the record is in (`None`: no state yet, shown as `(none)`).
         from: Option<String>,
         /// The state asked for.
         to: String,
+    },
+    /// A state-machine move on the application's own table
+    /// (`StateColumn`, with an SQL feature) named a row that
+    /// does not exist. The id is not shown: it may be raw key material.
+    #[error("no row of {table} has that id")]
+    NoSuchRow {
+        /// The table, as given to `stored_in`.
+        table: String,
     },
     /// The store failed, timed out or is unreachable. The body did not run without a claim.
     #[error("store error: {0}")]

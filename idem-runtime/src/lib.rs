@@ -81,6 +81,12 @@ pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::lock::fence;
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use strategy::state_machine::StateColumn;
 pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
 
 /// The README's examples, compiled and run as doctests.

@@ -7,6 +7,10 @@
 //! without effect. A body tied to a move ([`Idem::transition_with`]) runs only for the
 //! caller that performs it.
 //!
+//! When the state already is a column of your own table (`orders.status`), keep it
+//! there: `StateMachine::stored_in` (SQL features) moves the row itself with the same
+//! rules; see [Own table](#own-table) below.
+//!
 #![doc = include_str!("guide/state_machine.md")]
 
 use std::collections::HashMap;
@@ -24,6 +28,15 @@ use crate::store::{
     BoxFuture, Owner, Settle, StateStore, Store, TransitionOutcome, TransitionRequest,
 };
 use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod own_table;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use own_table::{StateColumn, StateDatabase};
 
 const POLL_MIN: Duration = Duration::from_millis(2);
 const MAX_STATE_LEN: usize = 255;
@@ -647,5 +660,25 @@ mod tests {
         assert!(!m.allows(Some("new"), "done"));
         assert!(m.is_terminal("done"));
         assert!(matches!(m.request("nope"), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn invalid_transition_prints_the_states_plainly() {
+        let paid = Error::InvalidTransition {
+            from: Some("paid".into()),
+            to: "created".into(),
+        };
+        assert_eq!(
+            paid.to_string(),
+            "transition from paid to created is not allowed"
+        );
+        let none = Error::InvalidTransition {
+            from: None,
+            to: "shipped".into(),
+        };
+        assert_eq!(
+            none.to_string(),
+            "transition from (none) to shipped is not allowed"
+        );
     }
 }
