@@ -13,6 +13,9 @@ use crate::service::Idempotency;
 /// The operation name keys are stored under (part of every record's key).
 pub(crate) const OPERATION: &str = "idem_http";
 
+/// Default bound on how long a handled request runs on after its client went away: 60 s.
+pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Default bound on a buffered request body: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on a stored response body: 1 MiB.
@@ -63,6 +66,7 @@ pub struct IdempotencyLayer {
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) docs: Option<Arc<str>>,
+    pub(crate) detached_timeout: Duration,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -81,6 +85,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("replay_headers", &self.replay_headers)
             .field("docs", &self.docs)
+            .field("detached_timeout", &self.detached_timeout)
             .finish()
     }
 }
@@ -110,6 +115,7 @@ impl IdempotencyLayer {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             replay_headers: vec![CONTENT_TYPE, LOCATION, ETAG],
             docs: None,
+            detached_timeout: DEFAULT_DETACHED_TIMEOUT,
         }
     }
 
@@ -208,6 +214,20 @@ impl IdempotencyLayer {
         if name != SET_COOKIE && !self.replay_headers.contains(&name) {
             self.replay_headers.push(name);
         }
+        self
+    }
+
+    /// How long a handled request may run on after its client went away (default
+    /// [`DEFAULT_DETACHED_TIMEOUT`], 60 s).
+    ///
+    /// A client that hangs up, resets its stream or times out does not cancel the
+    /// handler: its effect may already be in flight. The request runs on in a task of
+    /// its own until its response is recorded, so the client's retry waits for it (with
+    /// [`wait`](Self::wait)) or gets 409 and then the replay, and the handler runs once.
+    /// Past this bound the handler is cancelled and its key released, as a handler that
+    /// failed: a retry runs it again.
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        self.detached_timeout = timeout;
         self
     }
 

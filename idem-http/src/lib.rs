@@ -84,10 +84,13 @@
 //!   buffered, the rest streamed). Its key is recorded as completed without a
 //!   replayable body: retries get 410 ([`Problem::NotReplayable`]), and the handler
 //!   never runs again.
-//! - A client that disconnects mid-handler cancels the call, and its key is released
-//!   at once (the runtime's cancellation): a retry runs. A server that crashes
-//!   mid-handler leaves the key held until its lease ends ([`IdempotencyLayer::lease`]);
-//!   then another server takes it over.
+//! - A client that disconnects, resets its stream or times out mid-handler does not
+//!   cancel the handler: its effect may already be in flight. The request runs on,
+//!   detached from its connection (bounded by [`IdempotencyLayer::detached_timeout`]),
+//!   its response is recorded, and the client's retry waits for it or gets 409, then
+//!   the replay. A server that crashes mid-handler leaves the key held until its lease
+//!   ends ([`IdempotencyLayer::lease`]); then another server takes it over, and an
+//!   effect the dead server had in flight may still land (see the failure model).
 //! - Keys are scoped per caller with [`IdempotencyLayer::scope`] (an API key, a tenant,
 //!   a user); the same key from two scopes names two records. Keys are stored as
 //!   digests, never in the clear.
@@ -139,7 +142,10 @@ mod token;
 
 pub use body::{RequestBody, ResponseBody};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use layer::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, IdempotencyLayer};
+pub use layer::{
+    DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
+    IdempotencyLayer,
+};
 pub use problem::Problem;
 pub use service::{Idempotency, ResponseFuture};
 pub use token::issue_token;

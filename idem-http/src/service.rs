@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -111,8 +112,64 @@ where
         // The service that was polled ready goes with the request; its clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::boxed(Box::pin(run(self.shared.clone(), inner, key, req)))
+        ResponseFuture::handled(Detach {
+            fut: Some(Box::pin(run(self.shared.clone(), inner, key, req))),
+            polled: false,
+            timeout: layer.detached_timeout,
+            spawn: detach::<ResB, S::Error>,
+        })
     }
+}
+
+/// A handled request's future, which its client's going away does not cancel.
+///
+/// Dropped after it was first polled and before it finished (hyper drops a service's
+/// future when the client hangs up or resets its stream; so does a timeout above the
+/// layer), it runs on in a task of its own, bounded by the layer's `detached_timeout`:
+/// the handler's effect may already be in flight, so its key must stay claimed until
+/// the handler's response is recorded, and a retry then waits for it or replays it.
+/// Nothing is spawned on the way through: a request that finishes costs nothing more.
+struct Detach<B: Body, E> {
+    fut: Option<Boxed<B, E>>,
+    polled: bool,
+    timeout: Duration,
+    /// Made where the bounds that let the future move to a task are known, so they do
+    /// not spread to [`ResponseFuture`]'s type.
+    spawn: fn(Boxed<B, E>, Duration),
+}
+
+impl<B: Body, E> Drop for Detach<B, E> {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take()
+            && self.polled
+        {
+            (self.spawn)(fut, self.timeout);
+        }
+    }
+}
+
+/// Runs a handled request whose client went away to its end, on the runtime it was
+/// dropped on.
+fn detach<B, E>(fut: Boxed<B, E>, timeout: Duration)
+where
+    B: Body + Send + 'static,
+    E: Send + 'static,
+{
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // No runtime to run it on (the process is shutting down): it ends here, as it
+        // would with the process, and its lease frees the key.
+        tracing::warn!("idem-http: a handled request was dropped outside a runtime; not finished");
+        return;
+    };
+    rt.spawn(async move {
+        if tokio::time::timeout(timeout, fut).await.is_err() {
+            tracing::warn!(
+                ?timeout,
+                "idem-http: a request whose client went away ran past detached_timeout; \
+                 cancelled, its key released"
+            );
+        }
+    });
 }
 
 /// The layer's answer instead of the handler's, counted.
@@ -136,7 +193,7 @@ pin_project! {
     enum Kind<F, B: Body, E> {
         Inner { #[pin] fut: F },
         Ready { res: Option<Response<ResponseBody<B>>> },
-        Boxed { fut: Boxed<B, E> },
+        Handled { run: Detach<B, E> },
     }
 }
 
@@ -151,9 +208,9 @@ impl<F, B: Body, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready { res: Some(res) },
         }
     }
-    fn boxed(fut: Boxed<B, E>) -> Self {
+    fn handled(run: Detach<B, E>) -> Self {
         ResponseFuture {
-            kind: Kind::Boxed { fut },
+            kind: Kind::Handled { run },
         }
     }
 }
@@ -180,7 +237,17 @@ where
                 Some(res) => Poll::Ready(Ok(res)),
                 None => panic!("ResponseFuture polled after completion"),
             },
-            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+            KindProj::Handled { run } => {
+                let Some(fut) = run.fut.as_mut() else {
+                    panic!("ResponseFuture polled after completion")
+                };
+                run.polled = true;
+                let out = fut.as_mut().poll(cx);
+                if out.is_ready() {
+                    run.fut = None;
+                }
+                out
+            }
         }
     }
 }
