@@ -8,6 +8,7 @@ use http::header::{CONTENT_TYPE, ETAG, HeaderName, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode, request};
 use idem_runtime::{Idem, OnDuplicate, Options};
 
+use crate::scope::Scope;
 use crate::service::Idempotency;
 
 /// The operation name keys are stored under (part of every record's key).
@@ -21,7 +22,6 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on a stored response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 
-type ScopeFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// Whether the header carries a client's key or a server-issued token.
@@ -60,7 +60,7 @@ pub struct IdempotencyLayer {
     pub(crate) lease: Duration,
     pub(crate) wait: Duration,
     pub(crate) on_duplicate: OnDuplicate,
-    pub(crate) scope: Option<Arc<ScopeFn>>,
+    pub(crate) scope: Scope,
     pub(crate) stores: Option<Arc<StoreFn>>,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
@@ -80,7 +80,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .field("on_duplicate", &self.on_duplicate)
-            .field("scoped", &self.scope.is_some())
+            .field("scope", &self.scope)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("replay_headers", &self.replay_headers)
@@ -95,9 +95,10 @@ impl IdempotencyLayer {
     ///
     /// Defaults: a key is required; `POST` and `PATCH` are handled (other methods pass
     /// through untouched); records are kept 24 h; the lease is the runtime's (30 s);
-    /// `wait` is 0 (an in-flight duplicate gets 409 at once); no scope (one key space
-    /// for all callers); 1 MiB bounds on buffered request and stored response bodies;
-    /// every status is stored except 5xx, 408 and 429; `Content-Type`, `Location` and
+    /// `wait` is 0 (an in-flight duplicate gets 409 at once); keys are scoped by the
+    /// request's credentials (its `Authorization` header); 1 MiB bounds on buffered request and stored response bodies;
+    /// every status is stored except 5xx, 408, 429 and the rejections before a
+    /// handler starts (400, 405, 413, 415, 422); `Content-Type`, `Location` and
     /// `ETag` are replayed.
     pub fn new(idem: Idem) -> Self {
         IdempotencyLayer {
@@ -109,7 +110,7 @@ impl IdempotencyLayer {
             lease: idem_runtime::DEFAULT_LEASE,
             wait: Duration::ZERO,
             on_duplicate: OnDuplicate::Replay,
-            scope: None,
+            scope: Scope::Credentials { cookie: None },
             stores: None,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
@@ -170,20 +171,59 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Scopes keys per caller: the same key from two scopes names two records. `f`
-    /// reads the caller's identity from the request (an API key header, a tenant, an
-    /// authenticated user put in the extensions by an earlier layer); `None` is the one
-    /// shared scope of unidentified callers.
+    /// Scopes keys per caller the application's way: the same key from two scopes
+    /// names two records. `f` reads the caller's identity from the request (an API key
+    /// header, a tenant, an authenticated user put in the extensions by an earlier
+    /// layer); `None` is the one shared scope of unidentified callers. This replaces
+    /// the default scope by credentials.
     pub fn scope<F>(mut self, f: F) -> Self
     where
         F: Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.scope = Some(Arc::new(f));
+        self.scope = Scope::Custom(Arc::new(f));
         self
     }
 
-    /// Which response statuses are stored and replayed. Default: all but 5xx, 408 and
-    /// 429, which release the key so that a retry runs the handler again.
+    /// With the default scope by credentials, the value of the cookie `name` (a
+    /// session id) takes part in the scope too, beside the `Authorization` header.
+    ///
+    /// ```
+    /// use idem_http::IdempotencyLayer;
+    /// let layer = IdempotencyLayer::new(idem_runtime::Idem::builder().build())
+    ///     .session_cookie("sid");
+    /// # let _ = layer;
+    /// ```
+    pub fn session_cookie(mut self, name: impl Into<String>) -> Self {
+        self.scope = Scope::Credentials {
+            cookie: Some(Arc::from(name.into())),
+        };
+        self
+    }
+
+    /// Opts out of scoping: one key space for all callers, so two callers that send
+    /// the same key and body get the same response. Only for services whose callers
+    /// are one party (an internal API behind its own authentication), or whose keys
+    /// are unguessable and never shared.
+    pub fn unscoped(mut self) -> Self {
+        self.scope = Scope::Unscoped;
+        self
+    }
+
+    /// Which response statuses are stored and replayed. Default
+    /// ([`stored_by_default`](crate::stored_by_default)): all but 5xx, 408 and 429
+    /// (transient), and 400, 405, 413, 415 and 422 (a framework's rejections before the
+    /// handler started: Stripe too keeps no result for a request that failed
+    /// validation). Those release the key, so the retry (the corrected request) runs
+    /// the handler. A response carrying [`ReleaseKey`](crate::ReleaseKey) is never
+    /// stored, whatever its status.
+    ///
+    /// ```
+    /// use idem_http::{IdempotencyLayer, stored_by_default};
+    /// // Also keep 422s: this API's handler validates after charging.
+    /// let layer = IdempotencyLayer::new(idem_runtime::Idem::builder().build())
+    ///     .store_status(|s| s == 422 || stored_by_default(s));
+    /// # let _ = layer;
+    /// ```
     pub fn store_status<F>(mut self, f: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -253,13 +293,27 @@ impl IdempotencyLayer {
     pub(crate) fn stores(&self, status: StatusCode) -> bool {
         match &self.stores {
             Some(f) => f(status),
-            None => {
-                !(status.is_server_error()
-                    || status == StatusCode::REQUEST_TIMEOUT
-                    || status == StatusCode::TOO_MANY_REQUESTS)
-            }
+            None => stored_by_default(status),
         }
     }
+}
+
+/// The default of [`IdempotencyLayer::store_status`]: every status except those that
+/// say "try again" (5xx, 408, 429) and those a framework answers before the handler
+/// started (400, 405, 413, 415, 422: a body that does not parse, a missing
+/// `Content-Type`, a method the route lacks). A retry of either kind runs the handler.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT
+                | StatusCode::TOO_MANY_REQUESTS
+                | StatusCode::BAD_REQUEST
+                | StatusCode::METHOD_NOT_ALLOWED
+                | StatusCode::PAYLOAD_TOO_LARGE
+                | StatusCode::UNSUPPORTED_MEDIA_TYPE
+                | StatusCode::UNPROCESSABLE_ENTITY
+        ))
 }
 
 impl<S> tower::Layer<S> for IdempotencyLayer {

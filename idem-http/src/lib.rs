@@ -60,7 +60,7 @@
 //! | situation | answer |
 //! |---|---|
 //! | key missing on a required route | 400 |
-//! | key malformed: not a Structured Field string or bare key of 1–255 printable ASCII characters, or several keys | 400 |
+//! | key malformed: not a Structured Field string or bare key of 1–255 printable ASCII characters, with parameters (`k;a=1`, `"k";a=1`), or several keys | 400 |
 //! | the same key sent quoted (`"abc"`) and bare (`abc`) | one key: the second is a retry of the first |
 //! | same key, different request (method, path, query, body digest, Content-Type) | 422 |
 //! | same key, twin still in flight and `wait` ran out | 409 with `Retry-After` |
@@ -73,9 +73,19 @@
 //! - Every answer of the layer's own is an RFC 9457 `application/problem+json` body
 //!   ([`Problem`]) with a stable `code`; with [`IdempotencyLayer::docs`] its `type` is
 //!   the operator's documentation, also linked as `Link: <...>; rel="describedby"`.
-//! - Stored: every response except 5xx, 408 and 429 (configurable with
-//!   [`IdempotencyLayer::store_status`]); those release the key, so a retry runs the
-//!   handler again. Replayed headers come from an allow-list (`Content-Type`,
+//! - Stored: every response of the handler, except
+//!   - 5xx, 408 and 429: "try again" answers;
+//!   - 400, 405, 413, 415 and 422: a framework's rejections before the handler started
+//!     (a body that does not parse, no `Content-Type`, a method the route lacks), so
+//!     the corrected retry under the same key runs;
+//!   - any response carrying [`ReleaseKey`], which every [`Problem`] does: an
+//!     [`idem_runtime::Error`] a handler maps through `Problem` (`Problem::from(e)`;
+//!     transient ones are 409 or 503 with `Retry-After`) is never replayed, and a retry
+//!     after its cause is gone runs the handler.
+//!
+//!   Those release the key, so a retry runs the handler again. The statuses are
+//!   configurable with [`IdempotencyLayer::store_status`] (default
+//!   [`stored_by_default`]). Replayed headers come from an allow-list (`Content-Type`,
 //!   `Location`, `ETag` and those added with [`IdempotencyLayer::replay_header`]);
 //!   `Set-Cookie` is never replayed. The body is stored as the bytes the handler
 //!   produced, never re-encoded, in a checksummed record: a damaged record is a 500
@@ -91,9 +101,14 @@
 //!   the replay. A server that crashes mid-handler leaves the key held until its lease
 //!   ends ([`IdempotencyLayer::lease`]); then another server takes it over, and an
 //!   effect the dead server had in flight may still land (see the failure model).
-//! - Keys are scoped per caller with [`IdempotencyLayer::scope`] (an API key, a tenant,
-//!   a user); the same key from two scopes names two records. Keys are stored as
-//!   digests, never in the clear.
+//! - Keys are scoped per caller: by default a request's credentials (its
+//!   `Authorization` header, and the cookie named with
+//!   [`IdempotencyLayer::session_cookie`]) take part in its key, so another caller
+//!   sending the same key and body gets a record of its own, never someone else's
+//!   response. [`IdempotencyLayer::scope`] names callers the application's way (an API
+//!   key, a tenant, a user); [`IdempotencyLayer::unscoped`] is the explicit opt-out to
+//!   one key space for all. Keys and credentials are stored as digests, never in the
+//!   clear.
 //!
 //! # Features
 //!
@@ -137,6 +152,7 @@ mod layer;
 pub mod observe;
 mod problem;
 mod record;
+mod scope;
 mod service;
 mod token;
 
@@ -146,6 +162,6 @@ pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
     IdempotencyLayer,
 };
-pub use problem::Problem;
+pub use problem::{Problem, ReleaseKey};
 pub use service::{Idempotency, ResponseFuture};
 pub use token::issue_token;

@@ -23,7 +23,7 @@ pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
 /// Every value of the `outcome` label, in [`Outcome`] order: the problems' labels are
 /// their [`code`](Problem::code)s.
-pub const OUTCOMES: [&str; 18] = [
+pub const OUTCOMES: [&str; 21] = [
     "ran",
     "replayed",
     "not_stored",
@@ -42,6 +42,9 @@ pub const OUTCOMES: [&str; 18] = [
     Problem::TokenUsed.code(),
     Problem::Completed.code(),
     Problem::Internal.code(),
+    Problem::Busy.code(),
+    Problem::Unavailable.code(),
+    Problem::StateConflict.code(),
 ];
 
 /// How the layer answered one request: the `outcome` label.
@@ -113,8 +116,9 @@ mod imp {
         };
     }
     static LABELS: [[Label; 1]; OUTCOMES.len()] =
-        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17);
-    static KEYS: [Key; OUTCOMES.len()] = keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17);
+        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
+    static KEYS: [Key; OUTCOMES.len()] =
+        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
 
     #[inline]
     pub(super) fn count(index: usize) {
@@ -143,6 +147,9 @@ mod tests {
             TokenUsed,
             Completed,
             Internal,
+            Busy,
+            Unavailable,
+            StateConflict,
         ];
         assert_eq!(5 + all.len(), OUTCOMES.len());
         for p in all {

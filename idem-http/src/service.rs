@@ -19,8 +19,9 @@ use crate::body::{Chunks, RequestBody, ResponseBody};
 use crate::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use crate::layer::{IdempotencyLayer, Mode};
 use crate::observe::{self, Outcome};
-use crate::problem::Problem;
+use crate::problem::{Problem, ReleaseKey};
 use crate::record::{Failed, Ran, ResponseCodec, Stored};
+use crate::scope::Scoped;
 
 /// The configuration shared by the clones of one service.
 struct Shared {
@@ -283,7 +284,7 @@ where
             Err(p) => return Ok(problem(layer, p)),
         };
         let fingerprint = fingerprint(&parts, &bytes);
-        let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+        let scope = layer.scope.of(&parts);
         let req = Request::from_parts(parts, RequestBody::buffered(bytes));
         // Boxed on its own: the runtime's call future nests the body several levels
         // deep, and a pointer moves through them where the handler's state would be
@@ -296,7 +297,7 @@ where
     // per-thread caches for a slow path that sorts and merges free chunks.
     let result = match layer.mode {
         Mode::Keys => {
-            let scoped = Scoped(scope.as_deref(), key.as_str());
+            let scoped = Scoped(&scope, key.as_str());
             Box::pin(layer.idem.dedup_with::<ResponseCodec, _, _, _>(
                 &shared.opts,
                 scoped,
@@ -385,7 +386,7 @@ where
 {
     req.extensions_mut().insert(key);
     let res = inner.call(req).await.map_err(Failed::Inner)?;
-    if !layer.stores(res.status()) {
+    if !layer.stores(res.status()) || res.extensions().get::<ReleaseKey>().is_some() {
         return Err(Failed::NotStored(res));
     }
     let (parts, body) = res.into_parts();
@@ -511,19 +512,6 @@ fn digest(fields: [&[u8]; 5]) -> Fingerprint {
     let mut out = [0u8; 16];
     out.copy_from_slice(&hash.as_bytes()[..16]);
     Fingerprint(out)
-}
-
-/// A client's key within its caller's scope, framed so that no pair of scope and key
-/// renders like another.
-struct Scoped<'a>(Option<&'a str>, &'a str);
-
-impl fmt::Display for Scoped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(scope) => write!(f, "s{}:{scope}:{}", scope.len(), self.1),
-            None => write!(f, "n:{}", self.1),
-        }
-    }
 }
 
 #[cfg(test)]
