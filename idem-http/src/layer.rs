@@ -10,12 +10,22 @@ use idem_runtime::{Idem, OnDuplicate, Options};
 
 use crate::scope::Scope;
 use crate::service::Idempotency;
+use crate::token::TokenLimit;
 
 /// The operation name keys are stored under (part of every record's key).
 pub(crate) const OPERATION: &str = "idem_http";
 
 /// Default bound on how long a handled request runs on after its client went away: 60 s.
 pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default lifetime of an issued token: 30 s, enough for a client to send the request
+/// it was asked for, short enough that unused tokens do not pile up in the store.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
+
+/// Default bound on token issuance through
+/// [`IdempotencyLayer::token_route`](IdempotencyLayer): 1,000 tokens per second per
+/// process, so at most about 30,000 tokens are alive at once with the default lifetime.
+pub const DEFAULT_TOKEN_LIMIT: (u32, Duration) = (1000, Duration::from_secs(1));
 
 /// Default bound on a buffered request body: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -67,6 +77,8 @@ pub struct IdempotencyLayer {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) docs: Option<Arc<str>>,
     pub(crate) detached_timeout: Duration,
+    pub(crate) token_ttl: Duration,
+    pub(crate) token_limit: Arc<TokenLimit>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -86,6 +98,8 @@ impl fmt::Debug for IdempotencyLayer {
             .field("replay_headers", &self.replay_headers)
             .field("docs", &self.docs)
             .field("detached_timeout", &self.detached_timeout)
+            .field("token_ttl", &self.token_ttl)
+            .field("token_limit", &self.token_limit)
             .finish()
     }
 }
@@ -117,6 +131,11 @@ impl IdempotencyLayer {
             replay_headers: vec![CONTENT_TYPE, LOCATION, ETAG],
             docs: None,
             detached_timeout: DEFAULT_DETACHED_TIMEOUT,
+            token_ttl: DEFAULT_TOKEN_TTL,
+            token_limit: Arc::new(TokenLimit::new(
+                DEFAULT_TOKEN_LIMIT.0,
+                DEFAULT_TOKEN_LIMIT.1,
+            )),
         }
     }
 
@@ -124,7 +143,9 @@ impl IdempotencyLayer {
     /// service issued ([`issue_token`](crate::issue_token), served as `GET /token`) and
     /// that was not used yet. A used token replays the stored response (409 with
     /// [`on_duplicate`](Self::on_duplicate)`(OnDuplicate::Reject)`); an unknown, forged
-    /// or expired one is 400. `ttl` is also how long an issued token stays valid.
+    /// or expired one is 400. An issued token stays valid for
+    /// [`token_ttl`](Self::token_ttl) (30 s); `ttl` is how long its response is kept
+    /// for replays once it is used.
     pub fn tokens(idem: Idem) -> Self {
         IdempotencyLayer {
             mode: Mode::Tokens,
@@ -268,6 +289,37 @@ impl IdempotencyLayer {
     /// failed: a retry runs it again.
     pub fn detached_timeout(mut self, timeout: Duration) -> Self {
         self.detached_timeout = timeout;
+        self
+    }
+
+    /// How long a token issued by [`token_route`](IdempotencyLayer) stays valid
+    /// (default [`DEFAULT_TOKEN_TTL`], 30 s, and never longer than [`ttl`](Self::ttl)).
+    /// Token mode only.
+    pub fn token_ttl(mut self, ttl: Duration) -> Self {
+        self.token_ttl = ttl;
+        self
+    }
+
+    /// At most `limit` tokens issued by [`token_route`](IdempotencyLayer) per `per`, in
+    /// this process (default [`DEFAULT_TOKEN_LIMIT`], 1,000 per second); past it the
+    /// route answers 429 ([`Problem::TokenLimit`](crate::Problem)) with `Retry-After`.
+    ///
+    /// Every token is a record in the store until it expires, so this and
+    /// [`token_ttl`](Self::token_ttl) bound the tokens alive at once: about
+    /// `limit × token_ttl / per` per process. The bound is shared by all callers; to
+    /// keep one caller from using it all, put a per-caller rate limiter in front of the
+    /// token route.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_http::IdempotencyLayer;
+    /// let tokens = IdempotencyLayer::tokens(idem_runtime::Idem::builder().build())
+    ///     .token_ttl(Duration::from_secs(30))
+    ///     .token_limit(200, Duration::from_secs(1)); // ≤ 6,000 tokens alive
+    /// # let _ = tokens;
+    /// ```
+    pub fn token_limit(mut self, limit: u32, per: Duration) -> Self {
+        self.token_limit = Arc::new(TokenLimit::new(limit, per));
         self
     }
 

@@ -68,7 +68,8 @@
 //! | request body over `max_request_bytes` | 413; the handler does not run |
 //! | the store down or timing out | 503 with `Retry-After`; the handler does not run |
 //! | token mode: token unknown, forged or expired | 400 |
-//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject) |
+//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject); 422 if sent with a different request |
+//! | token mode: more tokens asked for than [`IdempotencyLayer::token_limit`] allows | 429 with `Retry-After` |
 //!
 //! - Every answer of the layer's own is an RFC 9457 `application/problem+json` body
 //!   ([`Problem`]) with a stable `code`; with [`IdempotencyLayer::docs`] its `type` is
@@ -131,8 +132,18 @@
 //! token from `GET /token` ([`issue_token`]; with axum,
 //! [`IdempotencyLayer::token_route`](IdempotencyLayer)), then sends it as its
 //! `Idempotency-Key`. Only tokens this service issued and that have not expired are
-//! accepted; each runs the handler once. Tokens are unguessable (128 random bits), so
-//! they need no caller scope.
+//! accepted; each runs the handler once, for one request: the token sent again with a
+//! different request is 422, as a reused key is. Tokens are unguessable (128 random
+//! bits), so they need no caller scope.
+//!
+//! Tokens live 30 s ([`IdempotencyLayer::token_ttl`]), and the token route issues at
+//! most 1,000 a second per process ([`IdempotencyLayer::token_limit`]; 429 past it), so
+//! about 30,000 tokens at most are alive at once, each a record in the store.
+//!
+//! Put the token layer on the routes that consume tokens (axum's `route_layer`), not
+//! on the whole router: an unknown path is then the router's 404 and a wrong method
+//! its 405, and neither uses up a token. (405, like the other rejections before a
+//! handler, is never stored anyway, so it returns the token.)
 //!
 //! # Features
 //!
@@ -160,7 +171,7 @@ pub use body::{RequestBody, ResponseBody};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
-    IdempotencyLayer,
+    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, IdempotencyLayer, stored_by_default,
 };
 pub use problem::{Problem, ReleaseKey};
 pub use service::{Idempotency, ResponseFuture};

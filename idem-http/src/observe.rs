@@ -23,7 +23,7 @@ pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
 /// Every value of the `outcome` label, in [`Outcome`] order: the problems' labels are
 /// their [`code`](Problem::code)s.
-pub const OUTCOMES: [&str; 21] = [
+pub const OUTCOMES: [&str; 22] = [
     "ran",
     "replayed",
     "not_stored",
@@ -45,6 +45,7 @@ pub const OUTCOMES: [&str; 21] = [
     Problem::Busy.code(),
     Problem::Unavailable.code(),
     Problem::StateConflict.code(),
+    Problem::TokenLimit.code(),
 ];
 
 /// How the layer answered one request: the `outcome` label.
@@ -116,9 +117,9 @@ mod imp {
         };
     }
     static LABELS: [[Label; 1]; OUTCOMES.len()] =
-        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
+        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
     static KEYS: [Key; OUTCOMES.len()] =
-        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
+        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
 
     #[inline]
     pub(super) fn count(index: usize) {
@@ -150,6 +151,7 @@ mod tests {
             Busy,
             Unavailable,
             StateConflict,
+            TokenLimit,
         ];
         assert_eq!(5 + all.len(), OUTCOMES.len());
         for p in all {

@@ -62,6 +62,9 @@ pub enum Problem {
     /// state does not allow the change asked for. Never stored: once the state allows
     /// it, a retry runs the handler again.
     StateConflict,
+    /// 429, with `Retry-After` (token mode): the token route issued as many tokens as
+    /// its bound allows for now ([`token_limit`](crate::IdempotencyLayer::token_limit)).
+    TokenLimit,
 }
 
 /// Put in a response's extensions, it tells the layer not to store the response: the
@@ -135,6 +138,7 @@ impl Problem {
             Problem::NotReplayable => StatusCode::GONE,
             Problem::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable | Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::TokenLimit => StatusCode::TOO_MANY_REQUESTS,
             Problem::RecordCorrupt | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -158,6 +162,7 @@ impl Problem {
             Problem::Busy => "idempotency-busy",
             Problem::Unavailable => "idempotency-unavailable",
             Problem::StateConflict => "idempotency-state-conflict",
+            Problem::TokenLimit => "idempotency-token-limit",
         }
     }
 
@@ -180,6 +185,7 @@ impl Problem {
             Problem::Busy => "Busy in another request",
             Problem::Unavailable => "Temporarily unavailable",
             Problem::StateConflict => "Not allowed in the current state",
+            Problem::TokenLimit => "Too many tokens issued",
         }
     }
 
@@ -231,6 +237,10 @@ impl Problem {
                 "A store this request needs is down, timing out or lost a write; the request \
                  was not completed. Retry after the time given in Retry-After."
             }
+            Problem::TokenLimit => {
+                "This service issued as many idempotency tokens as it allows for now. Retry \
+                 after the time given in Retry-After."
+            }
             Problem::StateConflict => {
                 "The resource's current state does not allow this change. This answer is not \
                  kept: once the state allows it, the same request runs."
@@ -244,7 +254,8 @@ impl Problem {
             Problem::InFlight
             | Problem::StoreUnavailable
             | Problem::Busy
-            | Problem::Unavailable => Some(1),
+            | Problem::Unavailable
+            | Problem::TokenLimit => Some(1),
             _ => None,
         }
     }

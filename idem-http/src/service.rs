@@ -289,7 +289,9 @@ where
         // Boxed on its own: the runtime's call future nests the body several levels
         // deep, and a pointer moves through them where the handler's state would be
         // copied.
-        let handler = Box::pin(handle(layer, inner, key.clone(), req));
+        // Token mode keeps the fingerprint in its record and checks it itself (below).
+        let request = (layer.mode == Mode::Tokens).then_some(fingerprint);
+        let handler = Box::pin(handle(layer, inner, key.clone(), req, request));
         (handler, fingerprint, scope)
     };
     // The runtime's call is boxed apart from this future too, so that neither
@@ -315,6 +317,18 @@ where
             .await
         }
     };
+    // A used token sent with another request: 422, as for a reused key, never the
+    // other request's response.
+    if let Ok(
+        Ran::Replayed(Stored {
+            request: Some(ran), ..
+        })
+        | Ran::NotReplayable(Some(ran)),
+    ) = &result
+        && *ran != fingerprint
+    {
+        return Ok(problem(layer, Problem::KeyReused));
+    }
     Ok(match result {
         Ok(Ran::Fresh { parts, stored }) => {
             observe::count(Outcome::Ran);
@@ -325,6 +339,7 @@ where
             prefix,
             rest,
             error,
+            ..
         }) => {
             observe::count(Outcome::Ran);
             Response::from_parts(parts, ResponseBody::spilled(prefix, rest, error))
@@ -333,7 +348,7 @@ where
             observe::count(Outcome::Replayed);
             replay(stored)
         }
-        Ok(Ran::NotReplayable) => {
+        Ok(Ran::NotReplayable(_)) => {
             let mut res = problem(layer, Problem::NotReplayable);
             res.headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -379,6 +394,7 @@ async fn handle<S, ReqB, ResB>(
     mut inner: S,
     key: IdempotencyKey,
     mut req: Request<RequestBody<ReqB>>,
+    request: Option<Fingerprint>,
 ) -> Result<Ran<ResB>, Failed<Response<ResB>, S::Error>>
 where
     S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
@@ -399,6 +415,7 @@ where
             prefix: chunks.into_list(),
             rest,
             error,
+            request,
         })
     };
     if body.size_hint().lower() > max as u64 {
@@ -431,6 +448,7 @@ where
         status: parts.status,
         headers,
         body,
+        request,
     };
     Ok(Ran::Fresh { parts, stored })
 }
