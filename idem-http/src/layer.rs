@@ -179,8 +179,13 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long a duplicate of an in-flight request waits for it (default 0: 409 at
-    /// once). A duplicate that waits gets the replayed response.
+    /// How long a duplicate of an in-flight request waits for it (default 0: 409 with
+    /// `Retry-After` at once). A duplicate that waits gets the replayed response.
+    ///
+    /// The default differs from the attribute's 10 s on purpose: a waiting HTTP request
+    /// holds a connection and a server slot, and its client has a timeout of its own.
+    /// Answering at once, as Stripe does, lets the client decide; its retry after
+    /// `Retry-After` gets the replay.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
