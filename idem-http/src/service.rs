@@ -21,7 +21,7 @@ use crate::layer::{IdempotencyLayer, Mode};
 use crate::observe::{self, Outcome};
 use crate::problem::{Problem, ReleaseKey};
 use crate::record::{Failed, Ran, ResponseCodec, Stored};
-use crate::scope::Scoped;
+use crate::scope::{Caller, Scoped};
 
 /// The configuration shared by the clones of one service.
 struct Shared {
@@ -284,7 +284,11 @@ where
             Err(p) => return Ok(problem(layer, p)),
         };
         let fingerprint = fingerprint(&parts, &bytes);
-        let scope = layer.scope.of(&parts);
+        // Tokens are unguessable and need no scope: their credentials are not hashed.
+        let scope = match layer.mode {
+            Mode::Keys => layer.scope.of(&parts),
+            Mode::Tokens => Caller::Shared,
+        };
         let req = Request::from_parts(parts, RequestBody::buffered(bytes));
         // Boxed on its own: the runtime's call future nests the body several levels
         // deep, and a pointer moves through them where the handler's state would be
