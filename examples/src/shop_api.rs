@@ -10,9 +10,15 @@
 //!
 //! - `POST /payments`, JSON `{"order": u64, "cents": u64}` with an `Idempotency-Key`:
 //!   201 with a `payment_id` that is new for each run of the handler, behind the layer
-//!   with its defaults (`wait` 0: a duplicate of an in-flight payment gets 409 at once).
+//!   with its defaults (`wait` 0: a duplicate of an in-flight payment gets 409 at once)
+//!   and keys scoped per caller: the bearer token of `Authorization` names the account,
+//!   so two accounts that pick the same key never see each other's payments.
 //! - `GET /token`, then `POST /pay` with the token as its `Idempotency-Key`: the same
-//!   payment in token mode (a token pays once).
+//!   payment in token mode (a token pays once). Tokens live 30 s, and the route issues
+//!   at most 200 a second (429 past that), so at most about 6,000 are alive at once.
+//!
+//! The layers sit on the routes that use them (`route_layer`), not on the router: an
+//! unknown path is 404 and a wrong method 405, and neither uses up a token.
 //! - `GET /healthz`.
 //! - `GET /metrics`: Prometheus text for the `idem_*` counters and histograms.
 //!
@@ -31,7 +37,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header, request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -155,18 +161,25 @@ async fn pay(
         .into_response()
 }
 
+/// The account a request speaks for: here its bearer token. (A real API would look the
+/// token up, or read the account an authentication layer put in the extensions.)
+fn account(parts: &request::Parts) -> Option<String> {
+    let auth = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    auth.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+}
+
 /// The routes; more can be merged in (metrics, admin) without touching these.
 fn router(idem: Idem, shop: Arc<Shop>, metrics: PrometheusHandle) -> Router {
-    let keys = IdempotencyLayer::new(idem.clone());
-    let tokens = IdempotencyLayer::tokens(idem);
-    let by_key = Router::new().route("/payments", post(pay)).layer(keys);
-    let by_token = Router::new()
-        .route("/token", tokens.token_route())
-        .route("/pay", post(pay))
-        .layer(tokens);
+    let keys = IdempotencyLayer::new(idem.clone()).scope(account);
+    let tokens = IdempotencyLayer::tokens(idem)
+        .token_ttl(Duration::from_secs(30))
+        .token_limit(200, Duration::from_secs(1));
+    // Each layer on the route it guards, so that the router's 404 and 405 answer
+    // outside it: they never claim a key nor use up a token.
     Router::new()
-        .merge(by_key)
-        .merge(by_token)
+        .route("/payments", post(pay).route_layer(keys))
+        .route("/token", tokens.token_route())
+        .route("/pay", post(pay).route_layer(tokens))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(move || scrape(metrics.clone())))
         .with_state(shop)

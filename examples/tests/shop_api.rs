@@ -196,3 +196,73 @@ async fn payments_run_once_per_key_and_metrics_count_them() {
         200
     );
 }
+
+/// Issue 20's leak, against the example: two accounts, one key, one body. Each gets a
+/// payment of its own, never the other's.
+#[tokio::test]
+async fn two_accounts_with_one_key_never_see_each_other() {
+    let server = serve(&["--namespace", &unique("shop-api-scope")]).await;
+    let client = reqwest::Client::new();
+    let pay = |token: &'static str| {
+        client
+            .post(format!("{}/payments", server.base))
+            .header("Idempotency-Key", "leak-1")
+            .header("Authorization", format!("Bearer {token}"))
+            .header("Content-Type", "application/json")
+            .body(r#"{"order": 1, "cents": 100}"#)
+            .send()
+    };
+    let alice = pay("alice-token").await.unwrap();
+    assert_eq!(alice.status(), 201);
+    let alice: serde_json::Value = alice.json().await.unwrap();
+    let mallory = pay("mallory-token").await.unwrap();
+    assert_eq!(mallory.status(), 201);
+    assert!(mallory.headers().get("idempotent-replayed").is_none());
+    let mallory: serde_json::Value = mallory.json().await.unwrap();
+    assert_ne!(alice["payment_id"], mallory["payment_id"]);
+    let again = pay("alice-token").await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(again, alice);
+}
+
+/// Issue 21 HTTP 3 and 4, against the example: an unknown path is 404, a token sent to
+/// a path that does not consume tokens survives, and tokens live 30 s.
+#[tokio::test]
+async fn unknown_paths_are_404_and_leave_tokens_alone() {
+    let server = serve(&["--namespace", &unique("shop-api-paths")]).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, key: Option<&str>| {
+        let mut r = client
+            .post(format!("{}{path}", server.base))
+            .header("Content-Type", "application/json")
+            .body(r#"{"order": 4, "cents": 400}"#);
+        if let Some(key) = key {
+            r = r.header("Idempotency-Key", key.to_owned());
+        }
+        r.send()
+    };
+    assert_eq!(post("/nope", None).await.unwrap().status(), 404);
+    let issued: serde_json::Value = client
+        .get(format!("{}/token", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(issued["expires_in"], 30);
+    let token = issued["token"].as_str().expect("a token").to_string();
+    assert_eq!(post("/nope", Some(&token)).await.unwrap().status(), 404);
+    assert_eq!(post("/token", Some(&token)).await.unwrap().status(), 405);
+    assert_eq!(
+        post("/payments/x", Some(&token)).await.unwrap().status(),
+        404
+    );
+    let paid = post("/pay", Some(&token)).await.unwrap();
+    assert_eq!(paid.status(), 201);
+    assert!(
+        paid.headers().get("idempotent-replayed").is_none(),
+        "the token was still unused"
+    );
+}

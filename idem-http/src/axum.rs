@@ -53,8 +53,15 @@ impl IntoResponse for Problem {
 }
 
 impl IdempotencyLayer {
-    /// `GET` handler issuing tokens for this layer's store and namespace, valid for its
-    /// `ttl` (see [`issue_token`](crate::issue_token)).
+    /// `GET` handler issuing tokens for this layer's store and namespace, each valid
+    /// for its [`token_ttl`](IdempotencyLayer::token_ttl) (30 s; never longer than its
+    /// [`ttl`](IdempotencyLayer::ttl)), at most
+    /// [`token_limit`](IdempotencyLayer::token_limit) of them per window (else 429); see
+    /// [`issue_token`](crate::issue_token).
+    ///
+    /// Put the token layer on the routes that consume tokens, with `route_layer`, not
+    /// on the whole router: then an unknown path is the router's 404 and a wrong method
+    /// its 405, and neither uses up the client's token.
     ///
     /// ```
     /// use axum::{Router, routing::post};
@@ -62,16 +69,26 @@ impl IdempotencyLayer {
     /// let tokens = IdempotencyLayer::tokens(idem_runtime::Idem::builder().build());
     /// let app: Router = Router::new()
     ///     .route("/token", tokens.token_route())
-    ///     .route("/pay", post(|| async { "paid" }))
-    ///     .layer(tokens);
+    ///     .route("/pay", post(|| async { "paid" }).route_layer(tokens));
     /// # let _ = app;
     /// ```
     pub fn token_route<S: Clone + Send + Sync + 'static>(&self) -> axum::routing::MethodRouter<S> {
         let idem = self.idem.clone();
-        let ttl = self.ttl;
+        // The record's ttl caps a token's life too: a token must not outlive the
+        // answer it is for.
+        let ttl = self.token_ttl.min(self.ttl);
+        let limit = self.token_limit.clone();
+        let docs = self.docs.clone();
         axum::routing::get(move || {
             let idem = idem.clone();
-            async move { crate::issue_token::<axum::body::Body>(&idem, ttl).await }
+            let admitted = limit.admit();
+            let docs = docs.clone();
+            async move {
+                if !admitted {
+                    return Problem::TokenLimit.response(docs.as_deref());
+                }
+                crate::issue_token::<axum::body::Body>(&idem, ttl).await
+            }
         })
     }
 }

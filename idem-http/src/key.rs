@@ -74,8 +74,9 @@ impl IdempotencyKey {
     }
 
     /// Parses one header value: a Structured Field string (RFC 8941 `sf-string`, with
-    /// `\"` and `\\` escapes) or a bare key of visible ASCII characters without `"` or
-    /// `,`, surrounded by optional spaces. `"abc"` and `abc` are the same key.
+    /// `\"` and `\\` escapes) or a bare key of visible ASCII characters without `"`,
+    /// `,` or `;`, surrounded by optional spaces. `"abc"` and `abc` are the same key.
+    /// Parameters (`"abc";p=1`, `abc;p=1`) are refused either way.
     ///
     /// ```
     /// use idem_http::{IdempotencyKey, KeyError};
@@ -173,7 +174,12 @@ fn bare(raw: &[u8]) -> Result<&str, KeyError> {
     if raw.len() > MAX_KEY_LEN {
         return Err(KeyError::Length);
     }
-    if !raw.iter().all(|c| matches!(c, 0x21..=0x7e) && *c != b'"') {
+    // `;` starts Structured Field parameters, which a quoted key may not carry either:
+    // `k1;a=1` is refused as `"k1";a=1` is, rather than read as another key.
+    if !raw
+        .iter()
+        .all(|c| matches!(c, 0x21..=0x7e) && *c != b'"' && *c != b';')
+    {
         return Err(KeyError::Malformed);
     }
     std::str::from_utf8(raw).map_err(|_| KeyError::Malformed)
@@ -208,6 +214,8 @@ mod tests {
             (b"\"abc", KeyError::Malformed),
             (b"\"a\\nb\"", KeyError::Malformed),
             (b"\"abc\";p=1", KeyError::Malformed),
+            (b"abc;p=1", KeyError::Malformed),
+            (b"abc;", KeyError::Malformed),
             (b"a b", KeyError::Malformed),
             (b"a\"b", KeyError::Malformed),
             (b"\xc3\xa9", KeyError::Malformed),

@@ -8,17 +8,30 @@ use http::header::{CONTENT_TYPE, ETAG, HeaderName, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode, request};
 use idem_runtime::{Idem, OnDuplicate, Options};
 
+use crate::scope::Scope;
 use crate::service::Idempotency;
+use crate::token::TokenLimit;
 
 /// The operation name keys are stored under (part of every record's key).
 pub(crate) const OPERATION: &str = "idem_http";
+
+/// Default bound on how long a handled request runs on after its client went away: 60 s.
+pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default lifetime of an issued token: 30 s, enough for a client to send the request
+/// it was asked for, short enough that unused tokens do not pile up in the store.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
+
+/// Default bound on token issuance through
+/// [`IdempotencyLayer::token_route`](IdempotencyLayer): 1,000 tokens per second per
+/// process, so at most about 30,000 tokens are alive at once with the default lifetime.
+pub const DEFAULT_TOKEN_LIMIT: (u32, Duration) = (1000, Duration::from_secs(1));
 
 /// Default bound on a buffered request body: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on a stored response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 
-type ScopeFn = dyn Fn(&request::Parts) -> Option<String> + Send + Sync;
 type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// Whether the header carries a client's key or a server-issued token.
@@ -57,12 +70,15 @@ pub struct IdempotencyLayer {
     pub(crate) lease: Duration,
     pub(crate) wait: Duration,
     pub(crate) on_duplicate: OnDuplicate,
-    pub(crate) scope: Option<Arc<ScopeFn>>,
+    pub(crate) scope: Scope,
     pub(crate) stores: Option<Arc<StoreFn>>,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) docs: Option<Arc<str>>,
+    pub(crate) detached_timeout: Duration,
+    pub(crate) token_ttl: Duration,
+    pub(crate) token_limit: Arc<TokenLimit>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -76,11 +92,14 @@ impl fmt::Debug for IdempotencyLayer {
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .field("on_duplicate", &self.on_duplicate)
-            .field("scoped", &self.scope.is_some())
+            .field("scope", &self.scope)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("replay_headers", &self.replay_headers)
             .field("docs", &self.docs)
+            .field("detached_timeout", &self.detached_timeout)
+            .field("token_ttl", &self.token_ttl)
+            .field("token_limit", &self.token_limit)
             .finish()
     }
 }
@@ -90,9 +109,10 @@ impl IdempotencyLayer {
     ///
     /// Defaults: a key is required; `POST` and `PATCH` are handled (other methods pass
     /// through untouched); records are kept 24 h; the lease is the runtime's (30 s);
-    /// `wait` is 0 (an in-flight duplicate gets 409 at once); no scope (one key space
-    /// for all callers); 1 MiB bounds on buffered request and stored response bodies;
-    /// every status is stored except 5xx, 408 and 429; `Content-Type`, `Location` and
+    /// `wait` is 0 (an in-flight duplicate gets 409 at once); keys are scoped by the
+    /// request's credentials (its `Authorization` header); 1 MiB bounds on buffered request and stored response bodies;
+    /// every status is stored except 5xx, 408, 429 and the rejections before a
+    /// handler starts (400, 405, 413, 415, 422); `Content-Type`, `Location` and
     /// `ETag` are replayed.
     pub fn new(idem: Idem) -> Self {
         IdempotencyLayer {
@@ -104,12 +124,18 @@ impl IdempotencyLayer {
             lease: idem_runtime::DEFAULT_LEASE,
             wait: Duration::ZERO,
             on_duplicate: OnDuplicate::Replay,
-            scope: None,
+            scope: Scope::Credentials { cookie: None },
             stores: None,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             replay_headers: vec![CONTENT_TYPE, LOCATION, ETAG],
             docs: None,
+            detached_timeout: DEFAULT_DETACHED_TIMEOUT,
+            token_ttl: DEFAULT_TOKEN_TTL,
+            token_limit: Arc::new(TokenLimit::new(
+                DEFAULT_TOKEN_LIMIT.0,
+                DEFAULT_TOKEN_LIMIT.1,
+            )),
         }
     }
 
@@ -117,7 +143,9 @@ impl IdempotencyLayer {
     /// service issued ([`issue_token`](crate::issue_token), served as `GET /token`) and
     /// that was not used yet. A used token replays the stored response (409 with
     /// [`on_duplicate`](Self::on_duplicate)`(OnDuplicate::Reject)`); an unknown, forged
-    /// or expired one is 400. `ttl` is also how long an issued token stays valid.
+    /// or expired one is 400. An issued token stays valid for
+    /// [`token_ttl`](Self::token_ttl) (30 s); `ttl` is how long its response is kept
+    /// for replays once it is used.
     pub fn tokens(idem: Idem) -> Self {
         IdempotencyLayer {
             mode: Mode::Tokens,
@@ -151,8 +179,13 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long a duplicate of an in-flight request waits for it (default 0: 409 at
-    /// once). A duplicate that waits gets the replayed response.
+    /// How long a duplicate of an in-flight request waits for it (default 0: 409 with
+    /// `Retry-After` at once). A duplicate that waits gets the replayed response.
+    ///
+    /// The default differs from the attribute's 10 s on purpose: a waiting HTTP request
+    /// holds a connection and a server slot, and its client has a timeout of its own.
+    /// Answering at once, as Stripe does, lets the client decide; its retry after
+    /// `Retry-After` gets the replay.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -164,20 +197,59 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Scopes keys per caller: the same key from two scopes names two records. `f`
-    /// reads the caller's identity from the request (an API key header, a tenant, an
-    /// authenticated user put in the extensions by an earlier layer); `None` is the one
-    /// shared scope of unidentified callers.
+    /// Scopes keys per caller the application's way: the same key from two scopes
+    /// names two records. `f` reads the caller's identity from the request (an API key
+    /// header, a tenant, an authenticated user put in the extensions by an earlier
+    /// layer); `None` is the one shared scope of unidentified callers. This replaces
+    /// the default scope by credentials.
     pub fn scope<F>(mut self, f: F) -> Self
     where
         F: Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.scope = Some(Arc::new(f));
+        self.scope = Scope::Custom(Arc::new(f));
         self
     }
 
-    /// Which response statuses are stored and replayed. Default: all but 5xx, 408 and
-    /// 429, which release the key so that a retry runs the handler again.
+    /// With the default scope by credentials, the value of the cookie `name` (a
+    /// session id) takes part in the scope too, beside the `Authorization` header.
+    ///
+    /// ```
+    /// use idem_http::IdempotencyLayer;
+    /// let layer = IdempotencyLayer::new(idem_runtime::Idem::builder().build())
+    ///     .session_cookie("sid");
+    /// # let _ = layer;
+    /// ```
+    pub fn session_cookie(mut self, name: impl Into<String>) -> Self {
+        self.scope = Scope::Credentials {
+            cookie: Some(Arc::from(name.into())),
+        };
+        self
+    }
+
+    /// Opts out of scoping: one key space for all callers, so two callers that send
+    /// the same key and body get the same response. Only for services whose callers
+    /// are one party (an internal API behind its own authentication), or whose keys
+    /// are unguessable and never shared.
+    pub fn unscoped(mut self) -> Self {
+        self.scope = Scope::Unscoped;
+        self
+    }
+
+    /// Which response statuses are stored and replayed. Default
+    /// ([`stored_by_default`](crate::stored_by_default)): all but 5xx, 408 and 429
+    /// (transient), and 400, 405, 413, 415 and 422 (a framework's rejections before the
+    /// handler started: Stripe too keeps no result for a request that failed
+    /// validation). Those release the key, so the retry (the corrected request) runs
+    /// the handler. A response carrying [`ReleaseKey`](crate::ReleaseKey) is never
+    /// stored, whatever its status.
+    ///
+    /// ```
+    /// use idem_http::{IdempotencyLayer, stored_by_default};
+    /// // Also keep 422s: this API's handler validates after charging.
+    /// let layer = IdempotencyLayer::new(idem_runtime::Idem::builder().build())
+    ///     .store_status(|s| s == 422 || stored_by_default(s));
+    /// # let _ = layer;
+    /// ```
     pub fn store_status<F>(mut self, f: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -211,6 +283,51 @@ impl IdempotencyLayer {
         self
     }
 
+    /// How long a handled request may run on after its client went away (default
+    /// [`DEFAULT_DETACHED_TIMEOUT`], 60 s).
+    ///
+    /// A client that hangs up, resets its stream or times out does not cancel the
+    /// handler: its effect may already be in flight. The request runs on in a task of
+    /// its own until its response is recorded, so the client's retry waits for it (with
+    /// [`wait`](Self::wait)) or gets 409 and then the replay, and the handler runs once.
+    /// Past this bound the handler is cancelled and its key released, as a handler that
+    /// failed: a retry runs it again.
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        self.detached_timeout = timeout;
+        self
+    }
+
+    /// How long a token issued by [`token_route`](IdempotencyLayer) stays valid
+    /// (default [`DEFAULT_TOKEN_TTL`], 30 s, and never longer than [`ttl`](Self::ttl)).
+    /// Token mode only.
+    pub fn token_ttl(mut self, ttl: Duration) -> Self {
+        self.token_ttl = ttl;
+        self
+    }
+
+    /// At most `limit` tokens issued by [`token_route`](IdempotencyLayer) per `per`, in
+    /// this process (default [`DEFAULT_TOKEN_LIMIT`], 1,000 per second); past it the
+    /// route answers 429 ([`Problem::TokenLimit`](crate::Problem)) with `Retry-After`.
+    ///
+    /// Every token is a record in the store until it expires, so this and
+    /// [`token_ttl`](Self::token_ttl) bound the tokens alive at once: about
+    /// `limit × token_ttl / per` per process. The bound is shared by all callers; to
+    /// keep one caller from using it all, put a per-caller rate limiter in front of the
+    /// token route.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_http::IdempotencyLayer;
+    /// let tokens = IdempotencyLayer::tokens(idem_runtime::Idem::builder().build())
+    ///     .token_ttl(Duration::from_secs(30))
+    ///     .token_limit(200, Duration::from_secs(1)); // ≤ 6,000 tokens alive
+    /// # let _ = tokens;
+    /// ```
+    pub fn token_limit(mut self, limit: u32, per: Duration) -> Self {
+        self.token_limit = Arc::new(TokenLimit::new(limit, per));
+        self
+    }
+
     /// The operator's documentation of the contract: the `type` of every problem
     /// response, and linked from each with `Link: <url>; rel="describedby"`.
     pub fn docs(mut self, url: impl Into<String>) -> Self {
@@ -233,13 +350,27 @@ impl IdempotencyLayer {
     pub(crate) fn stores(&self, status: StatusCode) -> bool {
         match &self.stores {
             Some(f) => f(status),
-            None => {
-                !(status.is_server_error()
-                    || status == StatusCode::REQUEST_TIMEOUT
-                    || status == StatusCode::TOO_MANY_REQUESTS)
-            }
+            None => stored_by_default(status),
         }
     }
+}
+
+/// The default of [`IdempotencyLayer::store_status`]: every status except those that
+/// say "try again" (5xx, 408, 429) and those a framework answers before the handler
+/// started (400, 405, 413, 415, 422: a body that does not parse, a missing
+/// `Content-Type`, a method the route lacks). A retry of either kind runs the handler.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT
+                | StatusCode::TOO_MANY_REQUESTS
+                | StatusCode::BAD_REQUEST
+                | StatusCode::METHOD_NOT_ALLOWED
+                | StatusCode::PAYLOAD_TOO_LARGE
+                | StatusCode::UNSUPPORTED_MEDIA_TYPE
+                | StatusCode::UNPROCESSABLE_ENTITY
+        ))
 }
 
 impl<S> tower::Layer<S> for IdempotencyLayer {

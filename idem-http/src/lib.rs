@@ -60,7 +60,7 @@
 //! | situation | answer |
 //! |---|---|
 //! | key missing on a required route | 400 |
-//! | key malformed: not a Structured Field string or bare key of 1–255 printable ASCII characters, or several keys | 400 |
+//! | key malformed: not a Structured Field string or bare key of 1–255 printable ASCII characters, with parameters (`k;a=1`, `"k";a=1`), or several keys | 400 |
 //! | the same key sent quoted (`"abc"`) and bare (`abc`) | one key: the second is a retry of the first |
 //! | same key, different request (method, path, query, body digest, Content-Type) | 422 |
 //! | same key, twin still in flight and `wait` ran out | 409 with `Retry-After` |
@@ -68,14 +68,25 @@
 //! | request body over `max_request_bytes` | 413; the handler does not run |
 //! | the store down or timing out | 503 with `Retry-After`; the handler does not run |
 //! | token mode: token unknown, forged or expired | 400 |
-//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject) |
+//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject); 422 if sent with a different request |
+//! | token mode: more tokens asked for than [`IdempotencyLayer::token_limit`] allows | 429 with `Retry-After` |
 //!
 //! - Every answer of the layer's own is an RFC 9457 `application/problem+json` body
 //!   ([`Problem`]) with a stable `code`; with [`IdempotencyLayer::docs`] its `type` is
 //!   the operator's documentation, also linked as `Link: <...>; rel="describedby"`.
-//! - Stored: every response except 5xx, 408 and 429 (configurable with
-//!   [`IdempotencyLayer::store_status`]); those release the key, so a retry runs the
-//!   handler again. Replayed headers come from an allow-list (`Content-Type`,
+//! - Stored: every response of the handler, except
+//!   - 5xx, 408 and 429: "try again" answers;
+//!   - 400, 405, 413, 415 and 422: a framework's rejections before the handler started
+//!     (a body that does not parse, no `Content-Type`, a method the route lacks), so
+//!     the corrected retry under the same key runs;
+//!   - any response carrying [`ReleaseKey`], which every [`Problem`] does: an
+//!     [`idem_runtime::Error`] a handler maps through `Problem` (`Problem::from(e)`;
+//!     transient ones are 409 or 503 with `Retry-After`) is never replayed, and a retry
+//!     after its cause is gone runs the handler.
+//!
+//!   Those release the key, so a retry runs the handler again. The statuses are
+//!   configurable with [`IdempotencyLayer::store_status`] (default
+//!   [`stored_by_default`]). Replayed headers come from an allow-list (`Content-Type`,
 //!   `Location`, `ETag` and those added with [`IdempotencyLayer::replay_header`]);
 //!   `Set-Cookie` is never replayed. The body is stored as the bytes the handler
 //!   produced, never re-encoded, in a checksummed record: a damaged record is a 500
@@ -84,13 +95,21 @@
 //!   buffered, the rest streamed). Its key is recorded as completed without a
 //!   replayable body: retries get 410 ([`Problem::NotReplayable`]), and the handler
 //!   never runs again.
-//! - A client that disconnects mid-handler cancels the call, and its key is released
-//!   at once (the runtime's cancellation): a retry runs. A server that crashes
-//!   mid-handler leaves the key held until its lease ends ([`IdempotencyLayer::lease`]);
-//!   then another server takes it over.
-//! - Keys are scoped per caller with [`IdempotencyLayer::scope`] (an API key, a tenant,
-//!   a user); the same key from two scopes names two records. Keys are stored as
-//!   digests, never in the clear.
+//! - A client that disconnects, resets its stream or times out mid-handler does not
+//!   cancel the handler: its effect may already be in flight. The request runs on,
+//!   detached from its connection (bounded by [`IdempotencyLayer::detached_timeout`]),
+//!   its response is recorded, and the client's retry waits for it or gets 409, then
+//!   the replay. A server that crashes mid-handler leaves the key held until its lease
+//!   ends ([`IdempotencyLayer::lease`]); then another server takes it over, and an
+//!   effect the dead server had in flight may still land (see the failure model).
+//! - Keys are scoped per caller: by default a request's credentials (its
+//!   `Authorization` header, and the cookie named with
+//!   [`IdempotencyLayer::session_cookie`]) take part in its key, so another caller
+//!   sending the same key and body gets a record of its own, never someone else's
+//!   response. [`IdempotencyLayer::scope`] names callers the application's way (an API
+//!   key, a tenant, a user); [`IdempotencyLayer::unscoped`] is the explicit opt-out to
+//!   one key space for all. Keys and credentials are stored as digests, never in the
+//!   clear.
 //!
 //! # Features
 //!
@@ -113,8 +132,18 @@
 //! token from `GET /token` ([`issue_token`]; with axum,
 //! [`IdempotencyLayer::token_route`](IdempotencyLayer)), then sends it as its
 //! `Idempotency-Key`. Only tokens this service issued and that have not expired are
-//! accepted; each runs the handler once. Tokens are unguessable (128 random bits), so
-//! they need no caller scope.
+//! accepted; each runs the handler once, for one request: the token sent again with a
+//! different request is 422, as a reused key is. Tokens are unguessable (128 random
+//! bits), so they need no caller scope.
+//!
+//! Tokens live 30 s ([`IdempotencyLayer::token_ttl`]), and the token route issues at
+//! most 1,000 a second per process ([`IdempotencyLayer::token_limit`]; 429 past it), so
+//! about 30,000 tokens at most are alive at once, each a record in the store.
+//!
+//! Put the token layer on the routes that consume tokens (axum's `route_layer`), not
+//! on the whole router: an unknown path is then the router's 404 and a wrong method
+//! its 405, and neither uses up a token. (405, like the other rejections before a
+//! handler, is never stored anyway, so it returns the token.)
 //!
 //! # Features
 //!
@@ -134,12 +163,16 @@ mod layer;
 pub mod observe;
 mod problem;
 mod record;
+mod scope;
 mod service;
 mod token;
 
 pub use body::{RequestBody, ResponseBody};
 pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use layer::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES, IdempotencyLayer};
-pub use problem::Problem;
+pub use layer::{
+    DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, IdempotencyLayer, stored_by_default,
+};
+pub use problem::{Problem, ReleaseKey};
 pub use service::{Idempotency, ResponseFuture};
 pub use token::issue_token;

@@ -21,9 +21,9 @@ use crate::Problem;
 /// Counter of requests the layer saw: label `outcome`.
 pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
-/// Every value of the `outcome` label, in [`Outcome`] order: the problems' labels are
-/// their [`code`](Problem::code)s.
-pub const OUTCOMES: [&str; 18] = [
+/// Every value of the `outcome` label: `ran`, `replayed`, `not_stored`, `passed`,
+/// `service_error`, then the problems' [`code`](Problem::code)s.
+pub const OUTCOMES: [&str; 22] = [
     "ran",
     "replayed",
     "not_stored",
@@ -42,6 +42,10 @@ pub const OUTCOMES: [&str; 18] = [
     Problem::TokenUsed.code(),
     Problem::Completed.code(),
     Problem::Internal.code(),
+    Problem::Busy.code(),
+    Problem::Unavailable.code(),
+    Problem::StateConflict.code(),
+    Problem::TokenLimit.code(),
 ];
 
 /// How the layer answered one request: the `outcome` label.
@@ -113,8 +117,9 @@ mod imp {
         };
     }
     static LABELS: [[Label; 1]; OUTCOMES.len()] =
-        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17);
-    static KEYS: [Key; OUTCOMES.len()] = keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17);
+        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
+    static KEYS: [Key; OUTCOMES.len()] =
+        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
 
     #[inline]
     pub(super) fn count(index: usize) {
@@ -143,6 +148,10 @@ mod tests {
             TokenUsed,
             Completed,
             Internal,
+            Busy,
+            Unavailable,
+            StateConflict,
+            TokenLimit,
         ];
         assert_eq!(5 + all.len(), OUTCOMES.len());
         for p in all {

@@ -50,6 +50,75 @@ pub enum Problem {
     Completed,
     /// 500: the store refused the operation for another reason; nothing ran.
     Internal,
+    /// 409, with `Retry-After` (from a handler's [`idem_runtime::Error`]): what the
+    /// request needs is busy in another call (in progress, locked, or changed
+    /// concurrently). Never stored: a retry runs the handler again.
+    Busy,
+    /// 503, with `Retry-After` (from a handler's [`idem_runtime::Error`]): the store is
+    /// down or timing out, a lease was lost, or a write was not replicated. Never
+    /// stored: a retry runs the handler again.
+    Unavailable,
+    /// 409 (from a handler's [`idem_runtime::Error::InvalidTransition`]): the resource's
+    /// state does not allow the change asked for. Never stored: once the state allows
+    /// it, a retry runs the handler again.
+    StateConflict,
+    /// 429, with `Retry-After` (token mode): the token route issued as many tokens as
+    /// its bound allows for now ([`token_limit`](crate::IdempotencyLayer::token_limit)).
+    TokenLimit,
+}
+
+/// Put in a response's extensions, it tells the layer not to store the response: the
+/// key is released and a retry runs the handler again, as for a 5xx.
+///
+/// Every [`Problem`] response carries it, so an [`idem_runtime::Error`] that a handler
+/// maps through [`Problem`] is never replayed to later retries. A handler can set it on
+/// any answer that says "not now" rather than "done":
+///
+/// ```
+/// use idem_http::ReleaseKey;
+/// let mut res = http::Response::new("the ledger is being migrated; retry".to_string());
+/// *res.status_mut() = http::StatusCode::CONFLICT;
+/// res.extensions_mut().insert(ReleaseKey);
+/// # let _ = res;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReleaseKey;
+
+/// The answer to an [`idem_runtime::Error`] a handler met (from an `#[idempotent]` call,
+/// a lock, a state machine): transient ones are 409 or 503 with `Retry-After`, and no
+/// [`Problem`] response is stored by the layer.
+///
+/// ```
+/// use idem_http::Problem;
+/// use idem_runtime::Error;
+/// let p = Problem::from(Error::store("connection refused"));
+/// assert_eq!((p.status(), p.retry_after()), (http::StatusCode::SERVICE_UNAVAILABLE, Some(1)));
+/// let p = Problem::from(Error::InvalidTransition { from: Some("paid".into()), to: "paid".into() });
+/// assert_eq!(p.status(), http::StatusCode::CONFLICT);
+/// ```
+impl From<idem_runtime::Error> for Problem {
+    fn from(e: idem_runtime::Error) -> Problem {
+        Problem::from(&e)
+    }
+}
+
+impl From<&idem_runtime::Error> for Problem {
+    fn from(e: &idem_runtime::Error) -> Problem {
+        use idem_runtime::Error;
+        match e {
+            Error::InProgress { .. } | Error::Locked { .. } | Error::Conflict { .. } => {
+                Problem::Busy
+            }
+            // A replication shortfall is a store error holding `NotReplicated`.
+            Error::Store(_) | Error::LeaseLost { .. } => Problem::Unavailable,
+            Error::PayloadMismatch { .. } => Problem::KeyReused,
+            Error::Duplicate { .. } => Problem::Completed,
+            Error::TokenInvalid { .. } => Problem::TokenInvalid,
+            Error::InvalidTransition { .. } => Problem::StateConflict,
+            Error::Corrupt { .. } | Error::Codec { .. } => Problem::RecordCorrupt,
+            _ => Problem::Internal,
+        }
+    }
 }
 
 impl Problem {
@@ -61,10 +130,15 @@ impl Problem {
             | Problem::BodyUnreadable
             | Problem::TokenInvalid => StatusCode::BAD_REQUEST,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::InFlight | Problem::TokenUsed | Problem::Completed => StatusCode::CONFLICT,
+            Problem::InFlight
+            | Problem::TokenUsed
+            | Problem::Completed
+            | Problem::Busy
+            | Problem::StateConflict => StatusCode::CONFLICT,
             Problem::NotReplayable => StatusCode::GONE,
             Problem::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::StoreUnavailable | Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::TokenLimit => StatusCode::TOO_MANY_REQUESTS,
             Problem::RecordCorrupt | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -85,6 +159,10 @@ impl Problem {
             Problem::TokenUsed => "idempotency-token-used",
             Problem::Completed => "idempotency-key-completed",
             Problem::Internal => "idempotency-internal",
+            Problem::Busy => "idempotency-busy",
+            Problem::Unavailable => "idempotency-unavailable",
+            Problem::StateConflict => "idempotency-state-conflict",
+            Problem::TokenLimit => "idempotency-token-limit",
         }
     }
 
@@ -104,6 +182,10 @@ impl Problem {
             Problem::TokenUsed => "Idempotency token already used",
             Problem::Completed => "Idempotency-Key already completed",
             Problem::Internal => "Idempotency check failed",
+            Problem::Busy => "Busy in another request",
+            Problem::Unavailable => "Temporarily unavailable",
+            Problem::StateConflict => "Not allowed in the current state",
+            Problem::TokenLimit => "Too many tokens issued",
         }
     }
 
@@ -147,18 +229,39 @@ impl Problem {
                 "The request with this Idempotency-Key already completed; it is not run again."
             }
             Problem::Internal => "The idempotency store refused the operation; nothing ran.",
+            Problem::Busy => {
+                "What this request needs is in progress, locked or changed in another \
+                 request; it was not completed. Retry after the time given in Retry-After."
+            }
+            Problem::Unavailable => {
+                "A store this request needs is down, timing out or lost a write; the request \
+                 was not completed. Retry after the time given in Retry-After."
+            }
+            Problem::TokenLimit => {
+                "This service issued as many idempotency tokens as it allows for now. Retry \
+                 after the time given in Retry-After."
+            }
+            Problem::StateConflict => {
+                "The resource's current state does not allow this change. This answer is not \
+                 kept: once the state allows it, the same request runs."
+            }
         }
     }
 
     /// Seconds a client should wait before retrying, for the retryable ones.
     pub fn retry_after(self) -> Option<u32> {
         match self {
-            Problem::InFlight | Problem::StoreUnavailable => Some(1),
+            Problem::InFlight
+            | Problem::StoreUnavailable
+            | Problem::Busy
+            | Problem::Unavailable
+            | Problem::TokenLimit => Some(1),
             _ => None,
         }
     }
 
-    /// The response, linking to `docs` when given.
+    /// The response, linking to `docs` when given. It carries [`ReleaseKey`], so the
+    /// layer never stores it.
     pub fn response<B: From<Bytes>>(self, docs: Option<&str>) -> Response<B> {
         let body = serde_json::json!({
             "type": docs.unwrap_or("about:blank"),
@@ -169,6 +272,7 @@ impl Problem {
         });
         let mut res = Response::new(B::from(Bytes::from(body.to_string())));
         *res.status_mut() = self.status();
+        res.extensions_mut().insert(ReleaseKey);
         let h = res.headers_mut();
         h.insert(
             CONTENT_TYPE,

@@ -2,8 +2,14 @@
 //! body bytes, as they were (never re-encoded), in a checksummed envelope.
 //!
 //! Layout: `b"ih"`, a layout version, a kind (a response, or "completed without a
-//! replayable body"), a CRC-32 of everything after it, then the status (u16), the
-//! header count (u16), each header as name and value with u16 lengths, and the body.
+//! replayable body", each optionally flagged as carrying the request's fingerprint), a
+//! CRC-32 of everything after it, then the fingerprint (16 bytes) if flagged, the
+//! status (u16), the header count (u16), each header as name and value with u16
+//! lengths, and the body.
+//!
+//! The fingerprint is kept in token mode, whose claim takes no fingerprint: the layer
+//! compares it itself before replaying, so a used token sent with another request is
+//! 422, as a reused key is.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -12,12 +18,14 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{StatusCode, response};
 use http_body::Body;
-use idem_runtime::{Codec, Error, Key};
+use idem_runtime::{Codec, Error, Fingerprint, Key};
 
 const MAGIC: &[u8; 2] = b"ih";
 const VERSION: u8 = 1;
 const KIND_RESPONSE: u8 = 0;
 const KIND_NOT_REPLAYABLE: u8 = 1;
+/// Set on a kind whose record carries the request's fingerprint.
+const WITH_REQUEST: u8 = 0x10;
 /// Magic, version, kind, CRC-32.
 const HEADER: usize = 8;
 
@@ -27,6 +35,8 @@ pub(crate) struct Stored {
     pub(crate) status: StatusCode,
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: Bytes,
+    /// The fingerprint of the request that ran (token mode only).
+    pub(crate) request: Option<Fingerprint>,
 }
 
 /// What one run of the handler (or a replay) gives the layer.
@@ -43,11 +53,13 @@ pub(crate) enum Ran<B: Body> {
         prefix: VecDeque<Bytes>,
         rest: Option<Pin<Box<B>>>,
         error: Option<B::Error>,
+        request: Option<Fingerprint>,
     },
     /// A stored response, read back.
     Replayed(Stored),
-    /// A key that completed without a replayable body, read back.
-    NotReplayable,
+    /// A key that completed without a replayable body, read back (with the fingerprint
+    /// of the request that ran, in token mode).
+    NotReplayable(Option<Fingerprint>),
 }
 
 /// Why a run ended without a stored result; each releases the key.
@@ -74,8 +86,8 @@ impl<B: Body, R, E> Codec<Ran<B>, Failed<R, E>> for ResponseCodec {
     fn encode(_: &Key, result: &Result<Ran<B>, Failed<R, E>>) -> Result<Option<Bytes>, Error> {
         Ok(match result {
             Ok(Ran::Fresh { stored, .. } | Ran::Replayed(stored)) => Some(encode(stored)),
-            Ok(Ran::Spilled { .. } | Ran::NotReplayable) => {
-                Some(seal(frame(KIND_NOT_REPLAYABLE, 0)))
+            Ok(Ran::Spilled { request, .. } | Ran::NotReplayable(request)) => {
+                Some(seal(frame(KIND_NOT_REPLAYABLE, *request, 0)))
             }
             Err(_) => None,
         })
@@ -109,7 +121,7 @@ fn encode(stored: &Stored) -> Bytes {
         + kept()
             .map(|(n, v)| 4 + n.as_str().len() + v.len())
             .sum::<usize>();
-    let mut buf = frame(KIND_RESPONSE, size);
+    let mut buf = frame(KIND_RESPONSE, stored.request, size);
     buf.put_u16(stored.status.as_u16());
     buf.put_u16(kept().count() as u16);
     for (name, value) in kept() {
@@ -122,14 +134,22 @@ fn encode(stored: &Stored) -> Bytes {
     seal(buf)
 }
 
-/// A record buffer with room for `payload` bytes after the envelope, whose checksum
-/// [`seal`] fills in once the payload is written (one buffer, no copy).
-fn frame(kind: u8, payload: usize) -> BytesMut {
-    let mut buf = BytesMut::with_capacity(HEADER + payload);
+/// A record buffer with room for `payload` bytes after the envelope (and the request's
+/// fingerprint, if given), whose checksum [`seal`] fills in once the payload is written
+/// (one buffer, no copy).
+fn frame(kind: u8, request: Option<Fingerprint>, payload: usize) -> BytesMut {
+    let mut buf = BytesMut::with_capacity(HEADER + 16 + payload);
     buf.put_slice(MAGIC);
     buf.put_u8(VERSION);
-    buf.put_u8(kind);
+    buf.put_u8(if request.is_some() {
+        kind | WITH_REQUEST
+    } else {
+        kind
+    });
     buf.put_u32_le(0);
+    if let Some(Fingerprint(fp)) = request {
+        buf.put_slice(&fp);
+    }
     buf
 }
 
@@ -176,16 +196,26 @@ fn decode<B: Body>(key: &Key, record: &Bytes) -> Result<Ran<B>, Error> {
 
 /// Reads a record whose envelope [`check`] passed, as `kind`.
 fn read<B: Body>(key: &Key, kind: u8, record: &Bytes) -> Result<Ran<B>, Error> {
-    match kind {
-        KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable),
+    let mut r = Reader { record, at: HEADER };
+    let request = if kind & WITH_REQUEST != 0 {
+        let fp = r
+            .raw(16)
+            .ok_or_else(|| corrupt(key, "truncated request fingerprint"))?;
+        let mut out = [0u8; 16];
+        out.copy_from_slice(fp);
+        Some(Fingerprint(out))
+    } else {
+        None
+    };
+    match kind & !WITH_REQUEST {
+        KIND_NOT_REPLAYABLE => return Ok(Ran::NotReplayable(request)),
         KIND_RESPONSE => {}
         _ => return Err(corrupt(key, "unknown HTTP record kind")),
     }
-    parse(record).ok_or_else(|| corrupt(key, "truncated or malformed response record"))
+    parse(r, request).ok_or_else(|| corrupt(key, "truncated or malformed response record"))
 }
 
-fn parse<B: Body>(record: &Bytes) -> Option<Ran<B>> {
-    let mut r = Reader { record, at: HEADER };
+fn parse<B: Body>(mut r: Reader<'_>, request: Option<Fingerprint>) -> Option<Ran<B>> {
     let status = StatusCode::from_u16(r.u16()?).ok()?;
     let count = r.u16()?;
     let mut headers = Vec::with_capacity(usize::from(count));
@@ -199,7 +229,8 @@ fn parse<B: Body>(record: &Bytes) -> Option<Ran<B>> {
     Some(Ran::Replayed(Stored {
         status,
         headers,
-        body: record.slice(r.at..),
+        body: r.record.slice(r.at..),
+        request,
     }))
 }
 
@@ -253,6 +284,7 @@ mod tests {
                 ),
             ],
             body: Bytes::from_static(b"{\"id\":7}"),
+            request: None,
         }
     }
 
@@ -322,17 +354,39 @@ mod tests {
     }
 
     #[test]
+    fn the_request_fingerprint_round_trips() {
+        let k = key();
+        let fp = Some(Fingerprint([7; 16]));
+        let with = Stored {
+            request: fp,
+            ..stored()
+        };
+        let Ok(Ran::Replayed(s)) = decode::<Empty>(&k, &encode(&with)) else {
+            panic!("not a replay")
+        };
+        assert_eq!((s.request, s.body), (fp, stored().body));
+        let marker = seal(frame(KIND_NOT_REPLAYABLE, fp, 0));
+        assert!(matches!(decode::<Empty>(&k, &marker), Ok(Ran::NotReplayable(f)) if f == fp));
+        // A flagged record too short for its fingerprint is damaged, not replayed.
+        let short = seal(frame(KIND_NOT_REPLAYABLE | WITH_REQUEST, None, 0));
+        assert!(matches!(
+            decode::<Empty>(&k, &short),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+
+    #[test]
     fn marker_reads_back_as_not_replayable() {
         let k = key();
         let bytes = <ResponseCodec as Codec<Ran<Empty>, Failed<(), ()>>>::encode(
             &k,
-            &Ok(Ran::NotReplayable),
+            &Ok(Ran::NotReplayable(None)),
         )
         .unwrap()
         .unwrap();
         assert!(matches!(
             decode::<Empty>(&k, &bytes),
-            Ok(Ran::NotReplayable)
+            Ok(Ran::NotReplayable(None))
         ));
         let released = <ResponseCodec as Codec<Ran<Empty>, Failed<(), ()>>>::encode(
             &k,

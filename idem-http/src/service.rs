@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -18,8 +19,9 @@ use crate::body::{Chunks, RequestBody, ResponseBody};
 use crate::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use crate::layer::{IdempotencyLayer, Mode};
 use crate::observe::{self, Outcome};
-use crate::problem::Problem;
+use crate::problem::{Problem, ReleaseKey};
 use crate::record::{Failed, Ran, ResponseCodec, Stored};
+use crate::scope::{Caller, Scoped};
 
 /// The configuration shared by the clones of one service.
 struct Shared {
@@ -111,8 +113,64 @@ where
         // The service that was polled ready goes with the request; its clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::boxed(Box::pin(run(self.shared.clone(), inner, key, req)))
+        ResponseFuture::handled(Detach {
+            fut: Some(Box::pin(run(self.shared.clone(), inner, key, req))),
+            polled: false,
+            timeout: layer.detached_timeout,
+            spawn: detach::<ResB, S::Error>,
+        })
     }
+}
+
+/// A handled request's future, which its client's going away does not cancel.
+///
+/// Dropped after it was first polled and before it finished (hyper drops a service's
+/// future when the client hangs up or resets its stream; so does a timeout above the
+/// layer), it runs on in a task of its own, bounded by the layer's `detached_timeout`:
+/// the handler's effect may already be in flight, so its key must stay claimed until
+/// the handler's response is recorded, and a retry then waits for it or replays it.
+/// Nothing is spawned on the way through: a request that finishes costs nothing more.
+struct Detach<B: Body, E> {
+    fut: Option<Boxed<B, E>>,
+    polled: bool,
+    timeout: Duration,
+    /// Made where the bounds that let the future move to a task are known, so they do
+    /// not spread to [`ResponseFuture`]'s type.
+    spawn: fn(Boxed<B, E>, Duration),
+}
+
+impl<B: Body, E> Drop for Detach<B, E> {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take()
+            && self.polled
+        {
+            (self.spawn)(fut, self.timeout);
+        }
+    }
+}
+
+/// Runs a handled request whose client went away to its end, on the runtime it was
+/// dropped on.
+fn detach<B, E>(fut: Boxed<B, E>, timeout: Duration)
+where
+    B: Body + Send + 'static,
+    E: Send + 'static,
+{
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // No runtime to run it on (the process is shutting down): it ends here, as it
+        // would with the process, and its lease frees the key.
+        tracing::warn!("idem-http: a handled request was dropped outside a runtime; not finished");
+        return;
+    };
+    rt.spawn(async move {
+        if tokio::time::timeout(timeout, fut).await.is_err() {
+            tracing::warn!(
+                ?timeout,
+                "idem-http: a request whose client went away ran past detached_timeout; \
+                 cancelled, its key released"
+            );
+        }
+    });
 }
 
 /// The layer's answer instead of the handler's, counted.
@@ -136,7 +194,7 @@ pin_project! {
     enum Kind<F, B: Body, E> {
         Inner { #[pin] fut: F },
         Ready { res: Option<Response<ResponseBody<B>>> },
-        Boxed { fut: Boxed<B, E> },
+        Handled { run: Detach<B, E> },
     }
 }
 
@@ -151,9 +209,9 @@ impl<F, B: Body, E> ResponseFuture<F, B, E> {
             kind: Kind::Ready { res: Some(res) },
         }
     }
-    fn boxed(fut: Boxed<B, E>) -> Self {
+    fn handled(run: Detach<B, E>) -> Self {
         ResponseFuture {
-            kind: Kind::Boxed { fut },
+            kind: Kind::Handled { run },
         }
     }
 }
@@ -180,7 +238,17 @@ where
                 Some(res) => Poll::Ready(Ok(res)),
                 None => panic!("ResponseFuture polled after completion"),
             },
-            KindProj::Boxed { fut } => fut.as_mut().poll(cx),
+            KindProj::Handled { run } => {
+                let Some(fut) = run.fut.as_mut() else {
+                    panic!("ResponseFuture polled after completion")
+                };
+                run.polled = true;
+                let out = fut.as_mut().poll(cx);
+                if out.is_ready() {
+                    run.fut = None;
+                }
+                out
+            }
         }
     }
 }
@@ -216,12 +284,18 @@ where
             Err(p) => return Ok(problem(layer, p)),
         };
         let fingerprint = fingerprint(&parts, &bytes);
-        let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+        // Tokens are unguessable and need no scope: their credentials are not hashed.
+        let scope = match layer.mode {
+            Mode::Keys => layer.scope.of(&parts),
+            Mode::Tokens => Caller::Shared,
+        };
         let req = Request::from_parts(parts, RequestBody::buffered(bytes));
         // Boxed on its own: the runtime's call future nests the body several levels
         // deep, and a pointer moves through them where the handler's state would be
         // copied.
-        let handler = Box::pin(handle(layer, inner, key.clone(), req));
+        // Token mode keeps the fingerprint in its record and checks it itself (below).
+        let request = (layer.mode == Mode::Tokens).then_some(fingerprint);
+        let handler = Box::pin(handle(layer, inner, key.clone(), req, request));
         (handler, fingerprint, scope)
     };
     // The runtime's call is boxed apart from this future too, so that neither
@@ -229,7 +303,7 @@ where
     // per-thread caches for a slow path that sorts and merges free chunks.
     let result = match layer.mode {
         Mode::Keys => {
-            let scoped = Scoped(scope.as_deref(), key.as_str());
+            let scoped = Scoped(&scope, key.as_str());
             Box::pin(layer.idem.dedup_with::<ResponseCodec, _, _, _>(
                 &shared.opts,
                 scoped,
@@ -247,6 +321,18 @@ where
             .await
         }
     };
+    // A used token sent with another request: 422, as for a reused key, never the
+    // other request's response.
+    if let Ok(
+        Ran::Replayed(Stored {
+            request: Some(ran), ..
+        })
+        | Ran::NotReplayable(Some(ran)),
+    ) = &result
+        && *ran != fingerprint
+    {
+        return Ok(problem(layer, Problem::KeyReused));
+    }
     Ok(match result {
         Ok(Ran::Fresh { parts, stored }) => {
             observe::count(Outcome::Ran);
@@ -257,6 +343,7 @@ where
             prefix,
             rest,
             error,
+            ..
         }) => {
             observe::count(Outcome::Ran);
             Response::from_parts(parts, ResponseBody::spilled(prefix, rest, error))
@@ -265,7 +352,7 @@ where
             observe::count(Outcome::Replayed);
             replay(stored)
         }
-        Ok(Ran::NotReplayable) => {
+        Ok(Ran::NotReplayable(_)) => {
             let mut res = problem(layer, Problem::NotReplayable);
             res.headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -311,6 +398,7 @@ async fn handle<S, ReqB, ResB>(
     mut inner: S,
     key: IdempotencyKey,
     mut req: Request<RequestBody<ReqB>>,
+    request: Option<Fingerprint>,
 ) -> Result<Ran<ResB>, Failed<Response<ResB>, S::Error>>
 where
     S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
@@ -318,7 +406,7 @@ where
 {
     req.extensions_mut().insert(key);
     let res = inner.call(req).await.map_err(Failed::Inner)?;
-    if !layer.stores(res.status()) {
+    if !layer.stores(res.status()) || res.extensions().get::<ReleaseKey>().is_some() {
         return Err(Failed::NotStored(res));
     }
     let (parts, body) = res.into_parts();
@@ -331,6 +419,7 @@ where
             prefix: chunks.into_list(),
             rest,
             error,
+            request,
         })
     };
     if body.size_hint().lower() > max as u64 {
@@ -363,6 +452,7 @@ where
         status: parts.status,
         headers,
         body,
+        request,
     };
     Ok(Ran::Fresh { parts, stored })
 }
@@ -444,19 +534,6 @@ fn digest(fields: [&[u8]; 5]) -> Fingerprint {
     let mut out = [0u8; 16];
     out.copy_from_slice(&hash.as_bytes()[..16]);
     Fingerprint(out)
-}
-
-/// A client's key within its caller's scope, framed so that no pair of scope and key
-/// renders like another.
-struct Scoped<'a>(Option<&'a str>, &'a str);
-
-impl fmt::Display for Scoped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(scope) => write!(f, "s{}:{scope}:{}", scope.len(), self.1),
-            None => write!(f, "n:{}", self.1),
-        }
-    }
 }
 
 #[cfg(test)]

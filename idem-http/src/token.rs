@@ -1,5 +1,6 @@
 //! Issuing one-time tokens over HTTP (`GET /token`).
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -43,5 +44,69 @@ pub async fn issue_token<B: From<Bytes>>(idem: &Idem, ttl: Duration) -> Response
             tracing::warn!(error = %e, "idem-http: could not issue a token");
             Problem::StoreUnavailable.response(None)
         }
+    }
+}
+
+/// A bound on token issuance: at most `limit` tokens per window of `per`, in this
+/// process. With the token lifetime it bounds the tokens alive at once (about
+/// `limit × token_ttl / per` per process), each a record in the store until it expires.
+pub(crate) struct TokenLimit {
+    limit: u32,
+    per: Duration,
+    epoch: std::time::Instant,
+    /// Start of the current window, in nanoseconds since `epoch`.
+    window: AtomicU64,
+    issued: AtomicU32,
+}
+
+impl TokenLimit {
+    pub(crate) fn new(limit: u32, per: Duration) -> TokenLimit {
+        TokenLimit {
+            limit,
+            per: per.max(Duration::from_millis(1)),
+            epoch: std::time::Instant::now(),
+            window: AtomicU64::new(0),
+            issued: AtomicU32::new(0),
+        }
+    }
+
+    /// Counts one token against the current window; false when the window is full.
+    /// (A fixed window, approximate at its edge: a few tokens more or less there do
+    /// not change the bound.)
+    pub(crate) fn admit(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let per = u64::try_from(self.per.as_nanos()).unwrap_or(u64::MAX);
+        let start = self.window.load(Ordering::Acquire);
+        if now.saturating_sub(start) >= per
+            && self
+                .window
+                .compare_exchange(start, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.issued.store(0, Ordering::Release);
+        }
+        self.issued.fetch_add(1, Ordering::AcqRel) < self.limit
+    }
+}
+
+impl std::fmt::Debug for TokenLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLimit")
+            .field("limit", &self.limit)
+            .field("per", &self.per)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_window_refuses() {
+        let l = TokenLimit::new(3, Duration::from_secs(3600));
+        assert!((0..3).all(|_| l.admit()));
+        assert!(!l.admit());
+        assert!(!l.admit());
     }
 }

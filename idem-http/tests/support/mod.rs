@@ -101,7 +101,7 @@ pub struct Ask {
 /// `POST /payments` (and `/refunds`, `/pay`): counts the run, answers 201 with a
 /// `payment_id` new for every run, a `Location`, an `ETag`, a `Set-Cookie` and a header
 /// that is not allow-listed. Query parameters make it slow, fail or answer big.
-async fn pay(
+pub async fn pay(
     State(shop): State<Arc<Shop>>,
     Query(ask): Query<Ask>,
     key: Option<IdempotencyKey>,

@@ -1,0 +1,106 @@
+//! Token mode as callers misuse it: a used token sent with another request, tokens
+//! sent to paths that do not consume them, and how many tokens the route hands out.
+//! On MemoryStore, RedisStore and PostgreSQL, through a real HTTP client.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use idem_http::IdempotencyLayer;
+use support::{Answer, Backend, client, idem, post_key, serve};
+
+on_every_store!(
+    a_used_token_with_another_request_is_422,
+    tokens_are_consumed_only_by_their_routes,
+    tokens_live_30_seconds_and_their_issue_is_bounded,
+);
+
+/// The shop's routes with the token layer on the consuming route only, as the
+/// `token_route` docs show.
+async fn token_app(layer: IdempotencyLayer) -> (String, std::sync::Arc<support::Shop>) {
+    let shop = std::sync::Arc::new(support::Shop::default());
+    let app = Router::new()
+        .route("/token", layer.token_route())
+        .route("/pay", post(support::pay).route_layer(layer))
+        .with_state(shop.clone());
+    (serve(app).await, shop)
+}
+
+async fn token(base: &str) -> String {
+    let res = client().get(format!("{base}/token")).send().await.unwrap();
+    let a = Answer::of(res).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    a.json()["token"].as_str().unwrap().to_owned()
+}
+
+/// Issue 21 HTTP 2: the second use of a token with another body is 422, as a reused
+/// key is, never the first request's success.
+async fn a_used_token_with_another_request_is_422(b: Backend) {
+    let (base, shop) = token_app(IdempotencyLayer::tokens(idem(b, "tok-fp").await)).await;
+    let c = client();
+    let t = token(&base).await;
+    let first = post_key(&c, &base, "/pay", &t, r#"{"order":1,"cents":100}"#).await;
+    assert_eq!((first.status, first.replayed()), (201, false));
+    let other = post_key(&c, &base, "/pay", &t, r#"{"order":2,"cents":99999}"#).await;
+    other.assert_problem(422, "idempotency-key-reused");
+    let same = post_key(&c, &base, "/pay", &t, r#"{"order":1,"cents":100}"#).await;
+    assert_eq!((same.status, same.replayed()), (201, true));
+    assert_eq!(same.body, first.body);
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 21 HTTP 3: an unknown path is 404 and a wrong method 405, with or without a
+/// token, and neither uses the token up.
+async fn tokens_are_consumed_only_by_their_routes(b: Backend) {
+    let (base, shop) = token_app(IdempotencyLayer::tokens(idem(b, "tok-route").await)).await;
+    let c = client();
+    let nope = c
+        .post(format!("{base}/nope"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(nope.status(), 404, "no key: the router's 404");
+    let t = token(&base).await;
+    let nope = post_key(&c, &base, "/nope", &t, "{}").await;
+    assert_eq!(nope.status, 404);
+    let wrong = post_key(&c, &base, "/token", &t, "{}").await;
+    assert_eq!(wrong.status, 405);
+    let paid = post_key(&c, &base, "/pay", &t, r#"{"order":3}"#).await;
+    assert_eq!((paid.status, paid.replayed()), (201, false), "{paid:?}");
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 21 HTTP 4: a token lives 30 s unless told otherwise, and the route stops
+/// issuing past its bound, with 429 and `Retry-After`.
+async fn tokens_live_30_seconds_and_their_issue_is_bounded(b: Backend) {
+    let layer = IdempotencyLayer::tokens(idem(b, "tok-limit").await)
+        .token_limit(3, Duration::from_secs(3600));
+    let (base, _) = token_app(layer).await;
+    let c = client();
+    for _ in 0..3 {
+        let a = Answer::of(c.get(format!("{base}/token")).send().await.unwrap()).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.json()["expires_in"], 30);
+    }
+    let refused = Answer::of(c.get(format!("{base}/token")).send().await.unwrap()).await;
+    refused.assert_problem(429, "idempotency-token-limit");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+
+    // A token past its own lifetime is refused; the layer's record ttl does not keep
+    // it alive.
+    let layer = IdempotencyLayer::tokens(idem(b, "tok-ttl").await)
+        .token_ttl(Duration::from_secs(1))
+        .ttl(Duration::from_secs(3600));
+    let (base, shop) = token_app(layer).await;
+    let t = token(&base).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let late = post_key(&c, &base, "/pay", &t, "{}").await;
+    late.assert_problem(400, "idempotency-token-invalid");
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 0);
+}
