@@ -5,9 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
-
-use idem_runtime::{BoxError, Error, Idem, Options, ReplayOk};
+use idem_runtime::{BoxError, Error, Idem, Options, RecordState, ReplayOk};
 
 use crate::Message;
 
@@ -107,17 +105,11 @@ impl<H: Handler> Effect for Plain<H> {
         }
     }
 
-    /// One claim probe, by the store's clock: if the key turns out free it is given back
-    /// at once.
+    /// Read without writing, by the store's clock: a free key has none left.
     async fn lease_left(&self, idem: &Idem, opts: &Options, msg: &Message) -> Duration {
-        let key = idem.key(opts, format_args!("{}", msg.id));
-        let owner = Owner::next();
-        let req = ClaimRequest::new(ClaimKind::Dedup, owner, opts.lease_for());
-        match idem.store().claim(&key, &req).await {
-            Ok(ClaimOutcome::Busy { retry_in, .. }) => retry_in,
-            Ok(ClaimOutcome::Claimed { .. }) => {
-                let _ = idem.store().release(&key, owner).await;
-                Duration::ZERO
+        match idem.inspect(opts, &msg.id).await {
+            Ok(Some(info)) if info.state == RecordState::InProgress => {
+                info.lease_left.unwrap_or(opts.lease_for())
             }
             Ok(_) => Duration::ZERO,
             Err(_) => opts.lease_for(),
