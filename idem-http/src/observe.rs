@@ -23,7 +23,7 @@ pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
 /// Every value of the `outcome` label: `ran`, `replayed`, `not_stored`, `passed`,
 /// `service_error`, then the problems' [`code`](Problem::code)s.
-pub const OUTCOMES: [&str; 22] = [
+pub const OUTCOMES: [&str; 23] = [
     "ran",
     "replayed",
     "not_stored",
@@ -45,6 +45,7 @@ pub const OUTCOMES: [&str; 22] = [
     Problem::Busy.code(),
     Problem::Unavailable.code(),
     Problem::StateConflict.code(),
+    Problem::NoSuchRow.code(),
     Problem::TokenLimit.code(),
 ];
 
@@ -117,9 +118,9 @@ mod imp {
         };
     }
     static LABELS: [[Label; 1]; OUTCOMES.len()] =
-        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
+        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22);
     static KEYS: [Key; OUTCOMES.len()] =
-        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21);
+        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22);
 
     #[inline]
     pub(super) fn count(index: usize) {
@@ -151,6 +152,7 @@ mod tests {
             Busy,
             Unavailable,
             StateConflict,
+            NoSuchRow,
             TokenLimit,
         ];
         assert_eq!(5 + all.len(), OUTCOMES.len());

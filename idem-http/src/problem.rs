@@ -62,6 +62,9 @@ pub enum Problem {
     /// state does not allow the change asked for. Never stored: once the state allows
     /// it, a retry runs the handler again.
     StateConflict,
+    /// 404 (from a handler's [`idem_runtime::Error::NoSuchRow`]): the row a state move
+    /// names does not exist. Never stored: once it exists, a retry runs the handler again.
+    NoSuchRow,
     /// 429, with `Retry-After` (token mode): the token route issued as many tokens as
     /// its bound allows for now ([`token_limit`](crate::IdempotencyLayer::token_limit)).
     TokenLimit,
@@ -115,6 +118,7 @@ impl From<&idem_runtime::Error> for Problem {
             Error::Duplicate { .. } => Problem::Completed,
             Error::TokenInvalid { .. } => Problem::TokenInvalid,
             Error::InvalidTransition { .. } => Problem::StateConflict,
+            Error::NoSuchRow { .. } => Problem::NoSuchRow,
             Error::Corrupt { .. } | Error::Codec { .. } => Problem::RecordCorrupt,
             _ => Problem::Internal,
         }
@@ -139,6 +143,7 @@ impl Problem {
             Problem::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable | Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::TokenLimit => StatusCode::TOO_MANY_REQUESTS,
+            Problem::NoSuchRow => StatusCode::NOT_FOUND,
             Problem::RecordCorrupt | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -162,6 +167,7 @@ impl Problem {
             Problem::Busy => "idempotency-busy",
             Problem::Unavailable => "idempotency-unavailable",
             Problem::StateConflict => "idempotency-state-conflict",
+            Problem::NoSuchRow => "idempotency-no-such-row",
             Problem::TokenLimit => "idempotency-token-limit",
         }
     }
@@ -185,6 +191,7 @@ impl Problem {
             Problem::Busy => "Busy in another request",
             Problem::Unavailable => "Temporarily unavailable",
             Problem::StateConflict => "Not allowed in the current state",
+            Problem::NoSuchRow => "No such resource",
             Problem::TokenLimit => "Too many tokens issued",
         }
     }
@@ -244,6 +251,10 @@ impl Problem {
             Problem::StateConflict => {
                 "The resource's current state does not allow this change. This answer is not \
                  kept: once the state allows it, the same request runs."
+            }
+            Problem::NoSuchRow => {
+                "The resource this request changes does not exist. This answer is not kept: \
+                 once it exists, the same request runs."
             }
         }
     }
