@@ -96,12 +96,36 @@ impl Value for Ttl {
     }
 }
 
-/// `lease = "30s"`, above zero: a zero lease expires at once.
+/// `lease = "30s"`, at least [`MIN_LEASE_MS`]: a zero lease expires at once, and a
+/// shorter one cannot be kept by the heartbeat.
 struct Lease(u64);
+
+/// The shortest lease the heartbeat keeps: it renews every third of the lease, and a
+/// renewal a few milliseconds late (tokio's timer, a busy executor, a store round trip)
+/// loses a shorter one while the body still runs, so a twin runs beside it. The same
+/// floor as the runtime's `idem_runtime::MIN_LEASE` (100 ms), which refuses it at run
+/// time; this refuses it at compile time, at the literal.
+const MIN_LEASE_MS: u64 = 100;
 
 impl Value for Lease {
     fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
-        positive(input, option, "expires at once").map(Lease)
+        let fork = input.fork();
+        let millis = positive(input, option, "expires at once")?;
+        if millis < MIN_LEASE_MS {
+            let lit: syn::LitStr = fork.parse()?;
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`lease = {:?}` is below the {MIN_LEASE_MS}ms floor: the heartbeat \
+                     renews the lease every third of it while the body runs and cannot \
+                     keep one shorter, so a duplicate would run beside the body; write \
+                     lease = \"{MIN_LEASE_MS}ms\" or more (the lease only decides how soon \
+                     a crashed holder's key is taken over)",
+                    lit.value()
+                ),
+            ));
+        }
+        Ok(Lease(millis))
     }
 }
 

@@ -52,7 +52,7 @@ use proc_macro::TokenStream;
 /// | `key = "tmpl"` | required. What identifies one operation. `{arg}` and `{arg.field.0}` render that value with `Display` (no format specs); each placeholder starts at a parameter bound to a plain name, or `self` in a method; `{{` and `}}` are literal braces. With `strategy = "token"` the key is one placeholder and nothing else, the argument carrying the token (`"{token}"`) | — |
 /// | `strategy = "dedup" \| "lock" \| "token"` | run once and replay; mutual exclusion only; consume a one-time token from `Idem::issue_token` | `"dedup"` |
 /// | `ttl = "24h"` | how long a completed record (with `token`, the consumed token) is kept; above zero; not for `lock` | `"24h"` |
-/// | `lease = "30s"` | in-progress lease, renewed while the body runs, so it only decides how soon a crashed holder's key is taken over; above zero | `"30s"` |
+/// | `lease = "30s"` | in-progress lease, renewed while the body runs (every third of it), so it only decides how soon a crashed holder's key is taken over; at least `"100ms"`, the shortest the heartbeat can keep (a shorter one is a compile error) | `"30s"` |
 /// | `wait = "10s"` | how long a duplicate waits for its in-flight twin, or for the lock; `"0s"` fails at once with `Error::InProgress` | `"10s"` |
 /// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)`; not for `lock` | dedup: replay, token: reject |
 /// | `fingerprint = [arg, ...]` | hash these parameters (`Serialize`; `self` in a method), each named once; the same key with other values is `Error::PayloadMismatch`; not for `lock` | none |
