@@ -10,6 +10,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::ParseStream;
 use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, Token, bracketed};
 
 use crate::diagnostics::{Errors, internal, unknown_option};
@@ -35,6 +36,7 @@ declare_options! {
         fingerprint: ParamList = "fingerprint" (e.g. "[order, cents]"),
         cache_err: bool = "cache_err" (e.g. "true"),
         transaction: Transaction = "transaction" (e.g. "tx"),
+        idem: RuntimeExpr = "idem" (e.g. "self.idem"),
         krate: CratePath = "crate" (e.g. "\"::idem_runtime\""),
     }
 }
@@ -204,6 +206,23 @@ impl Value for Transaction {
     }
 }
 
+/// `idem = self.idem`: an expression giving the runtime (`Idem` or `&Idem`) the call
+/// uses instead of the current one; it may read the parameters.
+struct RuntimeExpr(syn::Expr);
+
+impl Value for RuntimeExpr {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let Decl { name, example } = option;
+        let expr: syn::Expr = input.parse().map_err(|_| {
+            input.error(format!(
+                "`{name}` takes an expression giving the runtime, an `Idem` or `&Idem`, \
+                 e.g. {name} = {example} or {name} = &state.idem"
+            ))
+        })?;
+        Ok(RuntimeExpr(expr))
+    }
+}
+
 /// The checked options with defaults filled in.
 struct Config {
     key: Template,
@@ -218,6 +237,8 @@ struct Config {
     fingerprint: Vec<Ident>,
     /// The parameter carrying the caller's open transaction (transactional mode).
     transaction: Option<Ident>,
+    /// The runtime named by the function (`idem = ...`); else the current one.
+    idem: Option<syn::Expr>,
     private: Private,
 }
 
@@ -332,6 +353,7 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
         cache_err: given.cache_err.is_some_and(|a| a.value),
         fingerprint: given.fingerprint.map(|a| a.value.0).unwrap_or_default(),
         transaction: given.transaction.map(|a| a.value.0),
+        idem: given.idem.map(|a| a.value.0),
         // A wrong `crate` path is then reported at the literal.
         private: Private::new(given.krate),
     }))
@@ -414,6 +436,17 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     let error = Ident::new("__idem_error", Span::mixed_site());
     let ret = Ident::new("__idem_ret", Span::mixed_site());
     let options = format_ident!("__IDEM_OPTIONS");
+    // The runtime: the one the function names, evaluated before the body takes its
+    // arguments (so it may borrow them), else the current one.
+    let runtime = match &config.idem {
+        Some(expr) => {
+            // All at the expression, so a wrong type is reported there alone.
+            let at = expr.span();
+            let (private_at, given) = (Private::alias_at(at), Ident::new("given", at));
+            quote_spanned!(at=> #private_at::#given(&(#expr)))
+        }
+        None => quote!(#private::current()),
+    };
 
     let name = format!("::{}", sig.ident.unraw());
     let millis = |ms: u64| {
@@ -480,6 +513,18 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     // `From<idem_runtime::Error>`) is reported once, on the signature.
     let at = signature_span(ret_ty);
     let private_at = Private::alias_at(at);
+    // The bounds on the user's types, asserted first and at the return type, so that an
+    // unmet one is one error there that says what to write (see the runtime's
+    // `__private::bounds`); the same failure found later in the runtime calls, at the
+    // same span, is then not reported again.
+    let returns = quote_spanned!(at=> ::core::marker::PhantomData::<fn() -> #ret_ty>);
+    let mut bounds = quote_spanned!(at=> #private_at::carries_idem_errors(#returns););
+    if codec && replays {
+        bounds.extend(quote_spanned!(at=> #private_at::replayable_ok(#returns);));
+        if config.cache_err {
+            bounds.extend(quote_spanned!(at=> #private_at::replayable_err(#returns);));
+        }
+    }
     let constructor_at = Ident::new(&constructor.to_string(), at);
     // Replays by clone on an in-process store when the `Ok` type allows it; decided by
     // method lookup on a probe (see `idem_runtime::CloneReplay`), so no bound is added
@@ -545,8 +590,9 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
             #(#attrs)*
             #vis #sig {
                 #import
+                #bounds
                 static #options: #private::Options = #spec;
-                let #rt = #private::current();
+                let #rt = #runtime;
                 let #key = #rt.key_parts(&#options, |#writer| #key_parts);
                 #fingerprint
                 // The claim, the body and the record run in the call's `idem` span, as
@@ -580,8 +626,9 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         #(#attrs)*
         #vis #sig {
             #import
+            #bounds
             static #options: #private::Options = #spec;
-            let #rt = #private::current();
+            let #rt = #runtime;
             let #key = #rt.key_parts(&#options, |#writer| #key_parts);
             #fingerprint
             #replay_now

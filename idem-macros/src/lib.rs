@@ -58,9 +58,35 @@ use proc_macro::TokenStream;
 /// | `fingerprint = [arg, ...]` | hash these parameters (`Serialize`; `self` in a method), each named once; the same key with other values is `Error::PayloadMismatch`; not for `lock` | none |
 /// | `cache_err = true` | store `Err` results too (`E: Serialize + DeserializeOwned`) instead of releasing the key; not for `lock`, nor with `transaction` | `false` |
 /// | `transaction = tx` | on a `SqlStore` (a feature `postgres`, `mysql` or `sqlite` of idem-runtime): claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call. `dedup` only | none |
+/// | `idem = expr` | the runtime this function uses: any expression giving an `Idem` or `&Idem`, which may read the parameters (`self.idem`, `&state.idem`); then neither `init` nor `Idem::scope` is needed, and an enclosing scope is ignored | the current runtime: the enclosing `Idem::scope`, else `init`'s, else a process-local `MemoryStore` (said once on stderr) |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
 /// Durations are an integer and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"7d"`).
+///
+/// A runtime kept in the application's state (axum's `State`, a service struct) is named
+/// with `idem`:
+///
+/// ```
+/// use idem_runtime::{Error, Idem, idempotent};
+///
+/// struct Payments {
+///     idem: Idem,
+/// }
+///
+/// impl Payments {
+///     #[idempotent(key = "charge:{order}", idem = self.idem)]
+///     async fn charge(&self, order: u64, cents: u64) -> Result<u64, Error> {
+///         Ok(cents) // call the gateway: runs once per order
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let payments = Payments { idem: Idem::builder().namespace("shop").build() };
+/// assert_eq!(payments.charge(7, 100).await?, 100);
+/// assert_eq!(payments.charge(7, 999).await?, 100); // replayed: no init, no scope
+/// # Ok(()) }
+/// ```
 ///
 /// Replaying needs `T: Serialize + DeserializeOwned` (and `E` too with `cache_err`); with
 /// `on_duplicate = "reject"` or `strategy = "lock"` the `Ok` type needs no serde bounds.
