@@ -16,7 +16,7 @@ use syn::{Ident, ItemFn, Token, bracketed};
 use crate::diagnostics::{Errors, internal, unknown_option};
 use crate::key::Template;
 use crate::options::{
-    CratePath, DAY_MS, Decl, Duration, Options, Value, choice, declare_options, parse_options,
+    CratePath, Decl, Duration, Options, Value, choice, declare_options, parse_options,
 };
 use crate::rewrite::{Private, on_fn, signature_span, typed_block};
 use crate::signature::{ResultType, check_references, require_async};
@@ -45,9 +45,10 @@ declare_options! {
 #[cfg(test)]
 pub(crate) const OPTIONS: &[&str] = <Given as Options>::NAMES;
 
-const DEFAULT_TTL_MS: u64 = DAY_MS;
-const DEFAULT_LEASE_MS: u64 = 30_000;
-const DEFAULT_WAIT_MS: u64 = 10_000;
+// No defaults here: an option the user did not write is left out of the expansion, so
+// the runtime's own defaults (`idem_runtime::DEFAULT_TTL`, `DEFAULT_LEASE`,
+// `DEFAULT_WAIT`, and each strategy's duplicate policy in `Options::dedup`/`token`)
+// apply, and the two cannot drift apart.
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -223,15 +224,18 @@ impl Value for RuntimeExpr {
     }
 }
 
-/// The checked options with defaults filled in.
+/// The checked options. The durations and the policy are `Some` only where the user
+/// wrote them; the rest are the runtime's defaults.
 struct Config {
     key: Template,
     strategy: Strategy,
-    /// `None` for a lock, which stores no record.
     ttl_ms: Option<u64>,
-    lease_ms: u64,
-    wait_ms: u64,
-    /// `None` for a lock.
+    lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    /// The policy as written.
+    on_duplicate_given: Option<OnDuplicate>,
+    /// The policy in effect, which picks the codec: the one written, else the
+    /// strategy's default (replay for dedup, reject for token); `None` for a lock.
     on_duplicate: Option<OnDuplicate>,
     cache_err: bool,
     fingerprint: Vec<Ident>,
@@ -339,12 +343,11 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
     Ok(Some(Config {
         key,
         strategy,
-        ttl_ms: match strategy {
-            Strategy::Lock => None,
-            _ => Some(given.ttl.map_or(DEFAULT_TTL_MS, |a| a.value.0)),
-        },
-        lease_ms: given.lease.map_or(DEFAULT_LEASE_MS, |a| a.value.0),
-        wait_ms: given.wait.map_or(DEFAULT_WAIT_MS, |a| a.value.millis),
+        // `build` refused a `ttl` or an `on_duplicate` on a lock.
+        ttl_ms: given.ttl.map(|a| a.value.0),
+        lease_ms: given.lease.map(|a| a.value.0),
+        wait_ms: given.wait.map(|a| a.value.millis),
+        on_duplicate_given: on_duplicate,
         on_duplicate: match strategy {
             Strategy::Lock => None,
             Strategy::Dedup => Some(on_duplicate.unwrap_or(OnDuplicate::Replay)),
@@ -462,13 +465,20 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     let mut spec = quote!(#private::Options::#constructor(
         ::core::concat!(::core::module_path!(), #name)
     ));
+    // Only what the user wrote; the constructor carries the runtime's defaults.
     if let Some(ttl) = config.ttl_ms {
         let ttl = millis(ttl);
         spec.extend(quote!(.ttl(#ttl)));
     }
-    let (lease, wait) = (millis(config.lease_ms), millis(config.wait_ms));
-    spec.extend(quote!(.lease(#lease).wait(#wait)));
-    match config.on_duplicate {
+    if let Some(lease) = config.lease_ms {
+        let lease = millis(lease);
+        spec.extend(quote!(.lease(#lease)));
+    }
+    if let Some(wait) = config.wait_ms {
+        let wait = millis(wait);
+        spec.extend(quote!(.wait(#wait)));
+    }
+    match config.on_duplicate_given {
         Some(OnDuplicate::Replay) => {
             spec.extend(quote!(.on_duplicate(#private::OnDuplicate::Replay)));
         }

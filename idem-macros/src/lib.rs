@@ -319,6 +319,49 @@ mod tests {
             .collect()
     }
 
+    /// Every identifier in an expansion, at any depth.
+    fn idents(tokens: proc_macro2::TokenStream, out: &mut Vec<String>) {
+        for tree in tokens {
+            match tree {
+                proc_macro2::TokenTree::Ident(ident) => out.push(ident.to_string()),
+                proc_macro2::TokenTree::Group(group) => idents(group.stream(), out),
+                _ => {}
+            }
+        }
+    }
+
+    fn setters(args: proc_macro2::TokenStream) -> Vec<String> {
+        let item = quote::quote! {
+            async fn charge(id: u64) -> Result<u64, idem_runtime::Error> { Ok(id) }
+        };
+        let mut found = Vec::new();
+        idents(crate::idempotent::expand(args, item), &mut found);
+        found.retain(|name| ["ttl", "lease", "wait", "on_duplicate"].contains(&name.as_str()));
+        found
+    }
+
+    /// An option the user did not write is left out of the expansion, so the runtime's
+    /// defaults (`idem_runtime::DEFAULT_TTL`, ... and each strategy's policy) apply and
+    /// the macro keeps no copy of them; one that was written is passed on.
+    #[test]
+    fn unset_options_leave_the_runtime_defaults() {
+        for args in [
+            quote::quote!(key = "k:{id}"),
+            quote::quote!(key = "k:{id}", strategy = "token"),
+            quote::quote!(key = "k:{id}", strategy = "lock"),
+        ] {
+            assert_eq!(setters(args.clone()), Vec::<String>::new(), "{args}");
+        }
+        let all = quote::quote!(
+            key = "k:{id}",
+            ttl = "1h",
+            lease = "5s",
+            wait = "0s",
+            on_duplicate = "reject"
+        );
+        assert_eq!(setters(all), ["ttl", "lease", "wait", "on_duplicate"]);
+    }
+
     /// Each attribute's options table lists exactly the options the macro declares, so
     /// the docs and the parser cannot drift apart.
     #[test]
