@@ -527,7 +527,7 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     // unmet one is one error there that says what to write (see the runtime's
     // `__private::bounds`); the same failure found later in the runtime calls, at the
     // same span, is then not reported again.
-    let returns = quote_spanned!(at=> ::core::marker::PhantomData::<fn() -> #ret_ty>);
+    let returns = quote_spanned!(at=> ::core::marker::PhantomData::<#ret_ty>);
     let mut bounds = quote_spanned!(at=> #private_at::carries_idem_errors(#returns););
     if codec && replays {
         bounds.extend(quote_spanned!(at=> #private_at::replayable_ok(#returns);));

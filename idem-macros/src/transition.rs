@@ -319,7 +319,7 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
     // Asserted first, so a missing `From` is one error that says what to write.
     let whole = &types.whole;
     let bounds = quote_spanned!(at=>
-        #private_at::carries_idem_errors(::core::marker::PhantomData::<fn() -> #whole>);
+        #private_at::carries_idem_errors(::core::marker::PhantomData::<#whole>);
     );
 
     quote! {

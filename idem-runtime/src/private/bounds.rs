@@ -69,8 +69,10 @@ pub trait ReplayableErr<M>: Serialize + DeserializeOwned {}
 impl<E: Serialize + DeserializeOwned> ReplayableErr<Serde> for E {}
 impl<E: Unreplayable> ReplayableErr<Never> for E {}
 
-/// The function's return type, `Result<T, E>` as written or through an alias.
-pub type Returns<T, E> = PhantomData<fn() -> Result<T, E>>;
+/// The function's return type, `Result<T, E>` as written or through an alias. Not a
+/// `fn() -> ...`: an elided lifetime there would be a new, unconstrained one, while in
+/// `PhantomData::<Result<&str, E>>` it is inferred, as in the function's body.
+pub type Returns<T, E> = PhantomData<Result<T, E>>;
 
 /// Asserts that the error type carries idem's errors.
 #[inline(always)]
