@@ -498,8 +498,11 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         quote!(let #fp = ::core::option::Option::None;)
     } else {
         let adds = config.fingerprint.iter().map(|arg| {
-            // Spanned at the entry, so a non-`Serialize` argument is reported there.
+            // Spanned at the entry, so a non-`Serialize` argument is reported there, once,
+            // by the assertion (see the runtime's `__private::bounds`).
+            let private_at = Private::alias_at(arg.span());
             quote_spanned! {arg.span()=>
+                #private_at::fingerprinted(&#arg);
                 if let ::core::result::Result::Err(#error) = #builder.add(&#arg) {
                     return ::core::result::Result::Err(::core::convert::From::from(#error));
                 }

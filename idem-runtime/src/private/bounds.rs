@@ -1,6 +1,6 @@
 //! The bounds an expansion needs on the user's types, asserted once at the top of the
-//! rewritten function, at the user's return type, with a message that says what to
-//! write. Without them an unmet bound is reported by the runtime function that needs
+//! rewritten function, at the user's return type (a fingerprint entry: at the entry),
+//! with a message that says what to write. Without them an unmet bound is reported by the runtime function that needs
 //! it, in terms of `__private` and `Codec`, and serde's two traits give two errors.
 //!
 //! rustc reports an unmet bound with the message of the trait that was asked for when
@@ -68,6 +68,21 @@ pub trait ReplayableErr<M>: Serialize + DeserializeOwned {}
 
 impl<E: Serialize + DeserializeOwned> ReplayableErr<Serde> for E {}
 impl<E: Unreplayable> ReplayableErr<Never> for E {}
+
+/// `S: Serialize`, for an argument named in `fingerprint = [...]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: an argument named in `fingerprint = [...]` \
+               is hashed from its `Serialize` form",
+    label = "not `Serialize`",
+    note = "derive `serde::Serialize` for it, or leave this argument out of the fingerprint"
+)]
+pub trait Fingerprinted {}
+
+impl<S: Serialize + ?Sized> Fingerprinted for S {}
+
+/// Asserts that a fingerprint entry can be hashed.
+#[inline(always)]
+pub const fn fingerprinted<S: Fingerprinted + ?Sized>(_: &S) {}
 
 /// The function's return type, `Result<T, E>` as written or through an alias. Not a
 /// `fn() -> ...`: an elided lifetime there would be a new, unconstrained one, while in

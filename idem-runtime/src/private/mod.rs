@@ -13,8 +13,8 @@ mod entry;
 mod no_sql;
 
 pub use bounds::{
-    CarriesIdemErrors, ReplayableErr, ReplayableOk, Returns, carries_idem_errors, replayable_err,
-    replayable_ok,
+    CarriesIdemErrors, Fingerprinted, ReplayableErr, ReplayableOk, Returns, carries_idem_errors,
+    fingerprinted, replayable_err, replayable_ok,
 };
 pub use entry::{
     GivenRuntime, current, dedup, given, lock, replay_now, retry_policy, token, transition, tx_span,
