@@ -10,12 +10,13 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::parse::ParseStream;
 use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, Token, bracketed};
 
 use crate::diagnostics::{Errors, internal, unknown_option};
 use crate::key::Template;
 use crate::options::{
-    CratePath, DAY_MS, Decl, Duration, Options, Value, choice, declare_options, parse_options,
+    CratePath, Decl, Duration, Options, Value, choice, declare_options, parse_options,
 };
 use crate::rewrite::{Private, on_fn, signature_span, typed_block};
 use crate::signature::{ResultType, check_references, require_async};
@@ -35,6 +36,7 @@ declare_options! {
         fingerprint: ParamList = "fingerprint" (e.g. "[order, cents]"),
         cache_err: bool = "cache_err" (e.g. "true"),
         transaction: Transaction = "transaction" (e.g. "tx"),
+        idem: RuntimeExpr = "idem" (e.g. "self.idem"),
         krate: CratePath = "crate" (e.g. "\"::idem_runtime\""),
     }
 }
@@ -43,9 +45,10 @@ declare_options! {
 #[cfg(test)]
 pub(crate) const OPTIONS: &[&str] = <Given as Options>::NAMES;
 
-const DEFAULT_TTL_MS: u64 = DAY_MS;
-const DEFAULT_LEASE_MS: u64 = 30_000;
-const DEFAULT_WAIT_MS: u64 = 10_000;
+// No defaults here: an option the user did not write is left out of the expansion, so
+// the runtime's own defaults (`idem_runtime::DEFAULT_TTL`, `DEFAULT_LEASE`,
+// `DEFAULT_WAIT`, and each strategy's duplicate policy in `Options::dedup`/`token`)
+// apply, and the two cannot drift apart.
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -96,12 +99,36 @@ impl Value for Ttl {
     }
 }
 
-/// `lease = "30s"`, above zero: a zero lease expires at once.
+/// `lease = "30s"`, at least [`MIN_LEASE_MS`]: a zero lease expires at once, and a
+/// shorter one cannot be kept by the heartbeat.
 struct Lease(u64);
+
+/// The shortest lease the heartbeat keeps: it renews every third of the lease, and a
+/// renewal a few milliseconds late (tokio's timer, a busy executor, a store round trip)
+/// loses a shorter one while the body still runs, so a twin runs beside it. The same
+/// floor as the runtime's `idem_runtime::MIN_LEASE` (100 ms), which refuses it at run
+/// time; this refuses it at compile time, at the literal.
+const MIN_LEASE_MS: u64 = 100;
 
 impl Value for Lease {
     fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
-        positive(input, option, "expires at once").map(Lease)
+        let fork = input.fork();
+        let millis = positive(input, option, "expires at once")?;
+        if millis < MIN_LEASE_MS {
+            let lit: syn::LitStr = fork.parse()?;
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`lease = {:?}` is below the {MIN_LEASE_MS}ms floor: the heartbeat \
+                     renews the lease every third of it while the body runs and cannot \
+                     keep one shorter, so a duplicate would run beside the body; write \
+                     lease = \"{MIN_LEASE_MS}ms\" or more (the lease only decides how soon \
+                     a crashed holder's key is taken over)",
+                    lit.value()
+                ),
+            ));
+        }
+        Ok(Lease(millis))
     }
 }
 
@@ -180,20 +207,42 @@ impl Value for Transaction {
     }
 }
 
-/// The checked options with defaults filled in.
+/// `idem = self.idem`: an expression giving the runtime (`Idem` or `&Idem`) the call
+/// uses instead of the current one; it may read the parameters.
+struct RuntimeExpr(syn::Expr);
+
+impl Value for RuntimeExpr {
+    fn parse(input: ParseStream<'_>, option: &Decl) -> syn::Result<Self> {
+        let Decl { name, example } = option;
+        let expr: syn::Expr = input.parse().map_err(|_| {
+            input.error(format!(
+                "`{name}` takes an expression giving the runtime, an `Idem` or `&Idem`, \
+                 e.g. {name} = {example} or {name} = &state.idem"
+            ))
+        })?;
+        Ok(RuntimeExpr(expr))
+    }
+}
+
+/// The checked options. The durations and the policy are `Some` only where the user
+/// wrote them; the rest are the runtime's defaults.
 struct Config {
     key: Template,
     strategy: Strategy,
-    /// `None` for a lock, which stores no record.
     ttl_ms: Option<u64>,
-    lease_ms: u64,
-    wait_ms: u64,
-    /// `None` for a lock.
+    lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    /// The policy as written.
+    on_duplicate_given: Option<OnDuplicate>,
+    /// The policy in effect, which picks the codec: the one written, else the
+    /// strategy's default (replay for dedup, reject for token); `None` for a lock.
     on_duplicate: Option<OnDuplicate>,
     cache_err: bool,
     fingerprint: Vec<Ident>,
     /// The parameter carrying the caller's open transaction (transactional mode).
     transaction: Option<Ident>,
+    /// The runtime named by the function (`idem = ...`); else the current one.
+    idem: Option<syn::Expr>,
     private: Private,
 }
 
@@ -294,12 +343,11 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
     Ok(Some(Config {
         key,
         strategy,
-        ttl_ms: match strategy {
-            Strategy::Lock => None,
-            _ => Some(given.ttl.map_or(DEFAULT_TTL_MS, |a| a.value.0)),
-        },
-        lease_ms: given.lease.map_or(DEFAULT_LEASE_MS, |a| a.value.0),
-        wait_ms: given.wait.map_or(DEFAULT_WAIT_MS, |a| a.value.millis),
+        // `build` refused a `ttl` or an `on_duplicate` on a lock.
+        ttl_ms: given.ttl.map(|a| a.value.0),
+        lease_ms: given.lease.map(|a| a.value.0),
+        wait_ms: given.wait.map(|a| a.value.millis),
+        on_duplicate_given: on_duplicate,
         on_duplicate: match strategy {
             Strategy::Lock => None,
             Strategy::Dedup => Some(on_duplicate.unwrap_or(OnDuplicate::Replay)),
@@ -308,6 +356,7 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
         cache_err: given.cache_err.is_some_and(|a| a.value),
         fingerprint: given.fingerprint.map(|a| a.value.0).unwrap_or_default(),
         transaction: given.transaction.map(|a| a.value.0),
+        idem: given.idem.map(|a| a.value.0),
         // A wrong `crate` path is then reported at the literal.
         private: Private::new(given.krate),
     }))
@@ -390,6 +439,17 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     let error = Ident::new("__idem_error", Span::mixed_site());
     let ret = Ident::new("__idem_ret", Span::mixed_site());
     let options = format_ident!("__IDEM_OPTIONS");
+    // The runtime: the one the function names, evaluated before the body takes its
+    // arguments (so it may borrow them), else the current one.
+    let runtime = match &config.idem {
+        Some(expr) => {
+            // All at the expression, so a wrong type is reported there alone.
+            let at = expr.span();
+            let (private_at, given) = (Private::alias_at(at), Ident::new("given", at));
+            quote_spanned!(at=> #private_at::#given(&(#expr)))
+        }
+        None => quote!(#private::current()),
+    };
 
     let name = format!("::{}", sig.ident.unraw());
     let millis = |ms: u64| {
@@ -405,13 +465,20 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     let mut spec = quote!(#private::Options::#constructor(
         ::core::concat!(::core::module_path!(), #name)
     ));
+    // Only what the user wrote; the constructor carries the runtime's defaults.
     if let Some(ttl) = config.ttl_ms {
         let ttl = millis(ttl);
         spec.extend(quote!(.ttl(#ttl)));
     }
-    let (lease, wait) = (millis(config.lease_ms), millis(config.wait_ms));
-    spec.extend(quote!(.lease(#lease).wait(#wait)));
-    match config.on_duplicate {
+    if let Some(lease) = config.lease_ms {
+        let lease = millis(lease);
+        spec.extend(quote!(.lease(#lease)));
+    }
+    if let Some(wait) = config.wait_ms {
+        let wait = millis(wait);
+        spec.extend(quote!(.wait(#wait)));
+    }
+    match config.on_duplicate_given {
         Some(OnDuplicate::Replay) => {
             spec.extend(quote!(.on_duplicate(#private::OnDuplicate::Replay)));
         }
@@ -431,8 +498,11 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         quote!(let #fp = ::core::option::Option::None;)
     } else {
         let adds = config.fingerprint.iter().map(|arg| {
-            // Spanned at the entry, so a non-`Serialize` argument is reported there.
+            // Spanned at the entry, so a non-`Serialize` argument is reported there, once,
+            // by the assertion (see the runtime's `__private::bounds`).
+            let private_at = Private::alias_at(arg.span());
             quote_spanned! {arg.span()=>
+                #private_at::fingerprinted(&#arg);
                 if let ::core::result::Result::Err(#error) = #builder.add(&#arg) {
                     return ::core::result::Result::Err(::core::convert::From::from(#error));
                 }
@@ -456,6 +526,18 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     // `From<idem_runtime::Error>`) is reported once, on the signature.
     let at = signature_span(ret_ty);
     let private_at = Private::alias_at(at);
+    // The bounds on the user's types, asserted first and at the return type, so that an
+    // unmet one is one error there that says what to write (see the runtime's
+    // `__private::bounds`); the same failure found later in the runtime calls, at the
+    // same span, is then not reported again.
+    let returns = quote_spanned!(at=> ::core::marker::PhantomData::<#ret_ty>);
+    let mut bounds = quote_spanned!(at=> #private_at::carries_idem_errors(#returns););
+    if codec && replays {
+        bounds.extend(quote_spanned!(at=> #private_at::replayable_ok(#returns);));
+        if config.cache_err {
+            bounds.extend(quote_spanned!(at=> #private_at::replayable_err(#returns);));
+        }
+    }
     let constructor_at = Ident::new(&constructor.to_string(), at);
     // Replays by clone on an in-process store when the `Ok` type allows it; decided by
     // method lookup on a probe (see `idem_runtime::CloneReplay`), so no bound is added
@@ -521,8 +603,9 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
             #(#attrs)*
             #vis #sig {
                 #import
+                #bounds
                 static #options: #private::Options = #spec;
-                let #rt = #private::current();
+                let #rt = #runtime;
                 let #key = #rt.key_parts(&#options, |#writer| #key_parts);
                 #fingerprint
                 // The claim, the body and the record run in the call's `idem` span, as
@@ -556,8 +639,9 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         #(#attrs)*
         #vis #sig {
             #import
+            #bounds
             static #options: #private::Options = #spec;
-            let #rt = #private::current();
+            let #rt = #runtime;
             let #key = #rt.key_parts(&#options, |#writer| #key_parts);
             #fingerprint
             #replay_now

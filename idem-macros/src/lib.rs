@@ -52,15 +52,41 @@ use proc_macro::TokenStream;
 /// | `key = "tmpl"` | required. What identifies one operation. `{arg}` and `{arg.field.0}` render that value with `Display` (no format specs); each placeholder starts at a parameter bound to a plain name, or `self` in a method; `{{` and `}}` are literal braces. With `strategy = "token"` the key is one placeholder and nothing else, the argument carrying the token (`"{token}"`) | — |
 /// | `strategy = "dedup" \| "lock" \| "token"` | run once and replay; mutual exclusion only; consume a one-time token from `Idem::issue_token` | `"dedup"` |
 /// | `ttl = "24h"` | how long a completed record (with `token`, the consumed token) is kept; above zero; not for `lock` | `"24h"` |
-/// | `lease = "30s"` | in-progress lease, renewed while the body runs, so it only decides how soon a crashed holder's key is taken over; above zero | `"30s"` |
+/// | `lease = "30s"` | in-progress lease, renewed while the body runs (every third of it), so it only decides how soon a crashed holder's key is taken over; at least `"100ms"`, the shortest the heartbeat can keep (a shorter one is a compile error) | `"30s"` |
 /// | `wait = "10s"` | how long a duplicate waits for its in-flight twin, or for the lock; `"0s"` fails at once with `Error::InProgress` | `"10s"` |
 /// | `on_duplicate = "replay" \| "reject"` | a completed key returns the stored `Ok`, or `Err(Error::Duplicate)`; not for `lock` | dedup: replay, token: reject |
 /// | `fingerprint = [arg, ...]` | hash these parameters (`Serialize`; `self` in a method), each named once; the same key with other values is `Error::PayloadMismatch`; not for `lock` | none |
 /// | `cache_err = true` | store `Err` results too (`E: Serialize + DeserializeOwned`) instead of releasing the key; not for `lock`, nor with `transaction` | `false` |
 /// | `transaction = tx` | on a `SqlStore` (a feature `postgres`, `mysql` or `sqlite` of idem-runtime): claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call. `dedup` only | none |
+/// | `idem = expr` | the runtime this function uses: any expression giving an `Idem` or `&Idem`, which may read the parameters (`self.idem`, `&state.idem`); then neither `init` nor `Idem::scope` is needed, and an enclosing scope is ignored | the current runtime: the enclosing `Idem::scope`, else `init`'s, else a process-local `MemoryStore` (said once on stderr) |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
 /// Durations are an integer and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"7d"`).
+///
+/// A runtime kept in the application's state (axum's `State`, a service struct) is named
+/// with `idem`:
+///
+/// ```
+/// use idem_runtime::{Error, Idem, idempotent};
+///
+/// struct Payments {
+///     idem: Idem,
+/// }
+///
+/// impl Payments {
+///     #[idempotent(key = "charge:{order}", idem = self.idem)]
+///     async fn charge(&self, order: u64, cents: u64) -> Result<u64, Error> {
+///         Ok(cents) // call the gateway: runs once per order
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let payments = Payments { idem: Idem::builder().namespace("shop").build() };
+/// assert_eq!(payments.charge(7, 100).await?, 100);
+/// assert_eq!(payments.charge(7, 999).await?, 100); // replayed: no init, no scope
+/// # Ok(()) }
+/// ```
 ///
 /// Replaying needs `T: Serialize + DeserializeOwned` (and `E` too with `cache_err`); with
 /// `on_duplicate = "reject"` or `strategy = "lock"` the `Ok` type needs no serde bounds.
@@ -291,6 +317,49 @@ mod tests {
             .filter_map(|line| line.trim().strip_prefix("/// | `"))
             .map(|row| row.split([' ', '`']).next().unwrap_or_default().to_owned())
             .collect()
+    }
+
+    /// Every identifier in an expansion, at any depth.
+    fn idents(tokens: proc_macro2::TokenStream, out: &mut Vec<String>) {
+        for tree in tokens {
+            match tree {
+                proc_macro2::TokenTree::Ident(ident) => out.push(ident.to_string()),
+                proc_macro2::TokenTree::Group(group) => idents(group.stream(), out),
+                _ => {}
+            }
+        }
+    }
+
+    fn setters(args: proc_macro2::TokenStream) -> Vec<String> {
+        let item = quote::quote! {
+            async fn charge(id: u64) -> Result<u64, idem_runtime::Error> { Ok(id) }
+        };
+        let mut found = Vec::new();
+        idents(crate::idempotent::expand(args, item), &mut found);
+        found.retain(|name| ["ttl", "lease", "wait", "on_duplicate"].contains(&name.as_str()));
+        found
+    }
+
+    /// An option the user did not write is left out of the expansion, so the runtime's
+    /// defaults (`idem_runtime::DEFAULT_TTL`, ... and each strategy's policy) apply and
+    /// the macro keeps no copy of them; one that was written is passed on.
+    #[test]
+    fn unset_options_leave_the_runtime_defaults() {
+        for args in [
+            quote::quote!(key = "k:{id}"),
+            quote::quote!(key = "k:{id}", strategy = "token"),
+            quote::quote!(key = "k:{id}", strategy = "lock"),
+        ] {
+            assert_eq!(setters(args.clone()), Vec::<String>::new(), "{args}");
+        }
+        let all = quote::quote!(
+            key = "k:{id}",
+            ttl = "1h",
+            lease = "5s",
+            wait = "0s",
+            on_duplicate = "reject"
+        );
+        assert_eq!(setters(all), ["ttl", "lease", "wait", "on_duplicate"]);
     }
 
     /// Each attribute's options table lists exactly the options the macro declares, so

@@ -306,7 +306,7 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
 
     // As in `#[idempotent]`: every token of the call carries the span of the first token
     // of the return type, so an `E` without `From<idem_runtime::Error>` is reported once,
-    // on the signature.
+    // on the signature, by the assertion below.
     let at = signature_span(&types.whole);
     let private_at = Private::alias_at(at);
     let function_at = Ident::new("transition", at);
@@ -316,11 +316,17 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
     );
     args.set_span(at);
     let call = quote_spanned!(at=> #private_at::#function_at::<_, _, _> #args .await);
+    // Asserted first, so a missing `From` is one error that says what to write.
+    let whole = &types.whole;
+    let bounds = quote_spanned!(at=>
+        #private_at::carries_idem_errors(::core::marker::PhantomData::<#whole>);
+    );
 
     quote! {
         #(#attrs)*
         #vis #sig {
             #import
+            #bounds
             let #machine: &#private::StateMachine = #machine_ref;
             let #rt = #private::current();
             let #key = #rt.state_key(#machine, #rendered_key);

@@ -15,7 +15,13 @@ use crate::{Error, Key, Options};
 ///
 /// Functions under `#[idempotent]` use the *current* runtime: the one of an enclosing
 /// [`Idem::scope`], else the one given to [`init`], else a process-wide default on a
-/// [`MemoryStore`] (with a one-time warning), so that zero configuration still works.
+/// [`MemoryStore`], so that zero configuration still works. A function can also name its
+/// runtime (`#[idempotent(key = "...", idem = self.idem)]`), and then needs neither.
+///
+/// The fallback says so once per process, with a `tracing` warning and a line on stderr:
+/// a service that forgot [`init`] deduplicates only inside one process. To use the
+/// in-process store on purpose, [`init`] with a [`MemoryStore`] (then nothing is said),
+/// or set the environment variable `IDEM_QUIET_FALLBACK=1` to keep stderr quiet.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -196,13 +202,35 @@ impl Current {
             return Current::Static(idem);
         }
         Current::Static(FALLBACK.get_or_init(|| {
-            tracing::warn!(
-                "idem: no runtime configured (idem_runtime::init or Idem::scope); \
-                 using an in-process MemoryStore, which does not deduplicate across processes"
-            );
+            warn_fallback();
             Idem::builder().build()
         }))
     }
+}
+
+/// The environment variable that, set to `1`, keeps the fallback to a process-local
+/// [`MemoryStore`] quiet on stderr (the `tracing` warning is still emitted).
+const QUIET_FALLBACK_ENV: &str = "IDEM_QUIET_FALLBACK";
+
+const FALLBACK_MESSAGE: &str = "idem: no runtime configured (idem_runtime::init, Idem::scope \
+     or `idem = ...` on the attribute); using a process-local MemoryStore, which does not \
+     deduplicate across processes";
+
+/// Says, once per process (the caller runs inside the fallback's `OnceLock`), that the
+/// fallback is in use. A service that forgot `init` would otherwise deduplicate only
+/// inside one process and nobody would know: many apps install no `tracing` subscriber,
+/// so the warning also goes to stderr unless the user opted into the fallback.
+fn warn_fallback() {
+    tracing::warn!("{FALLBACK_MESSAGE}");
+    if std::env::var_os(QUIET_FALLBACK_ENV).is_some_and(|v| v == "1") {
+        return;
+    }
+    eprintln!(
+        "{FALLBACK_MESSAGE}.\n\
+         idem: call idem_runtime::init(Idem::builder().store(...).build()) at start-up; \
+         to keep the in-process store on purpose, init it with a MemoryStore, \
+         or set {QUIET_FALLBACK_ENV}=1"
+    );
 }
 
 /// Issues a one-time token on the current runtime; see [`Idem::issue_token`].

@@ -19,6 +19,37 @@ pub fn current() -> Current {
     Current::get()
 }
 
+/// A runtime an `idem = ...` option can name: an [`Idem`], or a reference to one.
+#[diagnostic::on_unimplemented(
+    message = "`idem = ...` must give the runtime, an `Idem` or `&Idem`, not `{Self}`",
+    label = "not an `Idem`",
+    note = "name the runtime the function should use, e.g. `idem = self.idem` or \
+            `idem = &state.idem`"
+)]
+pub trait GivenRuntime {
+    /// The runtime.
+    fn runtime(&self) -> &Idem;
+}
+
+impl GivenRuntime for Idem {
+    fn runtime(&self) -> &Idem {
+        self
+    }
+}
+
+impl<R: GivenRuntime + ?Sized> GivenRuntime for &R {
+    fn runtime(&self) -> &Idem {
+        (**self).runtime()
+    }
+}
+
+/// The runtime a call under `#[idempotent(idem = ...)]` uses: the one it names, for this
+/// call only (as if in an [`Idem::scope`]), so a runtime kept in the application's
+/// state needs neither `init` nor `scope`.
+pub fn given(idem: &impl GivenRuntime) -> Current {
+    Current::Scoped(idem.runtime().clone())
+}
+
 /// Dedup, as expanded from the attribute. Returns the strategy's future itself, so the
 /// expansion awaits one future, not a wrapper around it.
 pub fn dedup<C, T, E, F>(

@@ -2,15 +2,23 @@
 //! refer to, all in this one module (exported as `__private`, hidden). Not a public
 //! API: it may change in any release, together with the macros that emit these paths.
 //!
-//! - The functions an expansion calls are in `entry`.
+//! - The functions an expansion calls are in `entry`; the bounds it asserts on the user's
+//!   types, with messages that say what to write, in `bounds`.
 //! - The types it names are re-exported here under the names it uses.
 //! - Without a SQL feature, `transaction = ...` expands against the stub in `no_sql`.
 
+mod bounds;
 mod entry;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 mod no_sql;
 
-pub use entry::{current, dedup, lock, replay_now, retry_policy, token, transition, tx_span};
+pub use bounds::{
+    CarriesIdemErrors, Fingerprinted, ReplayableErr, ReplayableOk, Returns, carries_idem_errors,
+    fingerprinted, replayable_err, replayable_ok,
+};
+pub use entry::{
+    GivenRuntime, current, dedup, given, lock, replay_now, retry_policy, token, transition, tx_span,
+};
 
 pub use crate::codec::{
     ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
