@@ -9,7 +9,6 @@ use http::{Method, StatusCode, request};
 use idem_runtime::{Idem, OnDuplicate, Options};
 
 use crate::scope::Scope;
-use crate::service::Idempotency;
 use crate::token::TokenLimit;
 
 /// The operation name keys are stored under (part of every record's key).
@@ -371,12 +370,4 @@ pub fn stored_by_default(status: StatusCode) -> bool {
                 | StatusCode::UNSUPPORTED_MEDIA_TYPE
                 | StatusCode::UNPROCESSABLE_ENTITY
         ))
-}
-
-impl<S> tower::Layer<S> for IdempotencyLayer {
-    type Service = Idempotency<S>;
-
-    fn layer(&self, inner: S) -> Idempotency<S> {
-        Idempotency::new(inner, self)
-    }
 }

@@ -57,8 +57,18 @@ impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
     }
 }
 
+// Beside the service rather than the layer, so the service's module is the only one
+// that knows both: the layer is configuration and imports nothing back.
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self)
+    }
+}
+
 impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, layer: &IdempotencyLayer) -> Self {
+    fn new(inner: S, layer: &IdempotencyLayer) -> Self {
         Idempotency {
             inner,
             shared: Arc::new(Shared {
