@@ -3,7 +3,7 @@
 //! Brokers deliver at least once: NATS JetStream redelivers after `ack_wait`, RabbitMQ
 //! requeues everything unacked when a channel drops. A [`Consumer`] makes each message's
 //! effect happen once, with one set of rules written over the [`Delivery`] trait that
-//! each broker adapter implements (`nats`, `rabbitmq` features):
+//! each broker adapter implements (`nats`, `rabbitmq`, `redis-streams` features):
 //!
 //! - the message id is claimed through idem before the handler runs;
 //! - the ack is sent only after the result is recorded (or its transaction committed),
@@ -76,6 +76,9 @@ pub mod observe;
 #[cfg(feature = "rabbitmq")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
+#[cfg(feature = "redis-streams")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
+pub mod redis_streams;
 #[cfg(feature = "postgres")]
 mod tx;
 
