@@ -10,6 +10,7 @@ use idem_consumer::nats::async_nats::{self, jetstream};
 use idem_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use idem_consumer::rabbitmq::lapin::types::{FieldTable, ShortString};
 use idem_consumer::rabbitmq::lapin::{BasicProperties, Connection};
+use idem_consumer::redis_streams::redis;
 use idem_runtime::SqlStore;
 use idem_runtime::store::sql::sqlx::{self, PgPool};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -18,6 +19,7 @@ use tokio::process::{Child, Command};
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const NATS: &str = "nats://127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const REDIS: &str = "redis://127.0.0.1:6379";
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -38,6 +40,7 @@ struct Setup {
 enum Publisher {
     Nats(jetstream::Context, String, String),
     Rabbit(Connection, String),
+    Redis(redis::aio::MultiplexedConnection, String),
 }
 
 async fn ledger() -> (PgPool, String) {
@@ -131,6 +134,60 @@ async fn rabbit_setup() -> Setup {
     }
 }
 
+/// A stream whose group already exists (created here, as an operator would), read by the
+/// example with entries reclaimed after 1 s of silence.
+async fn redis_setup() -> Setup {
+    let client = redis::Client::open(REDIS).expect("a redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis on 6379");
+    let stream = unique("es");
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("G")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .expect("the group");
+    let (ledger, table) = ledger().await;
+    let broker = [
+        "--broker",
+        REDIS,
+        "--stream",
+        &stream,
+        "--group",
+        "G",
+        "--min-idle-ms",
+        "1000",
+    ]
+    .map(String::from)
+    .to_vec();
+    Setup {
+        broker,
+        ledger,
+        table,
+        namespace: unique("ns"),
+        publish: Publisher::Redis(conn, stream),
+    }
+}
+
+/// `XADD <stream> * message_id <id> payload <body>`.
+async fn xadd(conn: &redis::aio::MultiplexedConnection, stream: &str, id: &str, body: &str) {
+    let _: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("message_id")
+        .arg(id)
+        .arg("payload")
+        .arg(body)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("XADD");
+}
+
 impl Setup {
     /// Publishes credits `from..to` (ids `m-N`); `again` publishes them a second time,
     /// past the NATS duplicate window (a producer's retry).
@@ -167,6 +224,12 @@ impl Setup {
                 }
                 let _ = ch.close(200, "".into()).await;
             }
+            Publisher::Redis(conn, stream) => {
+                for i in ids {
+                    let body = format!(r#"{{"account":"acct-{}","amount":{}}}"#, i % 7, i + 1);
+                    xadd(conn, stream, &format!("m-{i}"), &body).await;
+                }
+            }
         }
     }
 
@@ -199,6 +262,7 @@ impl Setup {
                 .expect("publish confirm");
                 let _ = ch.close(200, "".into()).await;
             }
+            Publisher::Redis(conn, stream) => xadd(conn, stream, id, body).await,
         }
     }
 
@@ -297,6 +361,14 @@ impl Setup {
                         .queue_delete(queue.as_str().into(), Default::default())
                         .await;
                 }
+            }
+            Publisher::Redis(mut conn, stream) => {
+                let dead = format!("{stream}:dlq");
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(&stream)
+                    .arg(&dead)
+                    .query_async(&mut conn)
+                    .await;
             }
         }
     }
@@ -412,6 +484,65 @@ async fn nats_on_redis_killed_after_the_effect_before_the_ack() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_transactional_killed_after_the_claim() {
+    killed_then_finished(redis_setup().await, PG, "claim").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_transactional_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(redis_setup().await, PG, "ack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_on_redis_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(redis_setup().await, REDIS, "ack").await;
+}
+
+/// An entry written as plain fields (`XADD S * message_id m1 account a amount 5`), twice:
+/// credited once, the amount read from its decimal string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_entries_of_plain_fields_are_credited_once() {
+    let setup = redis_setup().await;
+    let Publisher::Redis(conn, stream) = &setup.publish else {
+        unreachable!("a Redis setup")
+    };
+    for _ in 0..2 {
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("message_id")
+            .arg("flat-1")
+            .arg("account")
+            .arg("acct-9")
+            .arg("amount")
+            .arg("5")
+            .query_async(&mut conn.clone())
+            .await
+            .expect("XADD");
+    }
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1500"]);
+    let counters = c.finish(60).await;
+    assert_eq!(setup.ledger_counts().await, (1, 1), "{counters}");
+    assert_eq!(
+        (
+            counter(&counters, "processed"),
+            counter(&counters, "duplicates")
+        ),
+        (1, 1),
+        "{counters}"
+    );
+    let amount: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT amount FROM {} WHERE message_id = 'flat-1'",
+        setup.table
+    )))
+    .fetch_one(&setup.ledger)
+    .await
+    .expect("the row");
+    assert_eq!(amount, 5);
+    setup.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_transactional_killed_after_the_claim() {
     killed_then_finished(rabbit_setup().await, PG, "claim").await;
 }
@@ -490,6 +621,11 @@ async fn nats_poison_is_terminated_with_the_count_kept_across_a_kill() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_poison_is_dead_lettered_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(redis_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_poison_is_rejected_with_the_count_kept_across_a_kill() {
     poison_across_a_kill(rabbit_setup().await).await;
 }
@@ -539,6 +675,11 @@ async fn random_kills(setup: Setup) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_random_kills_leave_each_id_once() {
     random_kills(nats_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_random_kills_leave_each_id_once() {
+    random_kills(redis_setup().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
