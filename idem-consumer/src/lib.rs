@@ -3,7 +3,7 @@
 //! Brokers deliver at least once: NATS JetStream redelivers after `ack_wait`, RabbitMQ
 //! requeues everything unacked when a channel drops. A [`Consumer`] makes each message's
 //! effect happen once, with one set of rules written over the [`Delivery`] trait that
-//! each broker adapter implements (`nats`, `rabbitmq`, `redis-streams` features):
+//! each broker adapter implements (`nats`, `rabbitmq`, `redis-streams`, `mqtt` features):
 //!
 //! - the message id is claimed through idem before the handler runs;
 //! - the ack is sent only after the result is recorded (or its transaction committed),
@@ -69,6 +69,9 @@ mod counters;
 mod delivery;
 mod effect;
 mod error;
+#[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
