@@ -6,6 +6,10 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::async_nats::{self, jetstream};
 use idem_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use idem_consumer::rabbitmq::lapin::types::{FieldTable, ShortString};
@@ -20,6 +24,7 @@ const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const NATS: &str = "nats://127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const REDIS: &str = "redis://127.0.0.1:6379";
+const MQTT: &str = "mqtt://127.0.0.1:1883";
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -41,6 +46,8 @@ enum Publisher {
     Nats(jetstream::Context, String, String),
     Rabbit(Connection, String),
     Redis(redis::aio::MultiplexedConnection, String),
+    /// The topic, and the consumer's client id (its persistent session).
+    Mqtt(String, String),
 }
 
 async fn ledger() -> (PgPool, String) {
@@ -174,6 +181,79 @@ async fn redis_setup() -> Setup {
     }
 }
 
+fn mqtt_options(client_id: &str) -> MqttOptions {
+    let mut o = MqttOptions::new(client_id, "127.0.0.1", 1883);
+    o.set_keep_alive(Duration::from_secs(10));
+    o
+}
+
+/// A topic and a persistent session subscribed to it, created here and left offline (as
+/// a consumer that was stopped): messages published now are queued for it.
+async fn mqtt_setup() -> Setup {
+    let topic = unique("et");
+    let client_id = unique("ec");
+    let session = MqttSource::new(mqtt_options(&client_id), MqttConfig::new(&topic))
+        .await
+        .expect("Mosquitto on 1883");
+    drop(session);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ledger, table) = ledger().await;
+    let broker = [
+        "--broker",
+        MQTT,
+        "--topic",
+        &topic,
+        "--client-id",
+        &client_id,
+    ]
+    .map(String::from)
+    .to_vec();
+    Setup {
+        broker,
+        ledger,
+        table,
+        namespace: unique("ns"),
+        publish: Publisher::Mqtt(topic, client_id),
+    }
+}
+
+/// QoS 1 publishes with the id in the `message-id` user property, each acked by the broker.
+async fn mqtt_publish(topic: &str, messages: Vec<(String, String)>) {
+    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 64);
+    let total = messages.len();
+    let sender = client.clone();
+    let topic = topic.to_owned();
+    let send = tokio::spawn(async move {
+        for (id, body) in messages {
+            let mut props = PublishProperties::default();
+            props.user_properties.push(("message-id".into(), id));
+            sender
+                .publish_with_properties(topic.as_str(), QoS::AtLeastOnce, false, body, props)
+                .await
+                .expect("publish");
+        }
+    });
+    let mut acked = 0;
+    let wait = async {
+        while acked < total {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(e) => panic!("Mosquitto on 1883: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .expect("the broker acks the publishes");
+    send.await.expect("the sender");
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+}
+
 /// `XADD <stream> * message_id <id> payload <body>`.
 async fn xadd(conn: &redis::aio::MultiplexedConnection, stream: &str, id: &str, body: &str) {
     let _: String = redis::cmd("XADD")
@@ -230,6 +310,15 @@ impl Setup {
                     xadd(conn, stream, &format!("m-{i}"), &body).await;
                 }
             }
+            Publisher::Mqtt(topic, _) => {
+                let msgs = ids
+                    .map(|i| {
+                        let body = format!(r#"{{"account":"acct-{}","amount":{}}}"#, i % 7, i + 1);
+                        (format!("m-{i}"), body)
+                    })
+                    .collect();
+                mqtt_publish(topic, msgs).await;
+            }
         }
     }
 
@@ -263,6 +352,9 @@ impl Setup {
                 let _ = ch.close(200, "".into()).await;
             }
             Publisher::Redis(conn, stream) => xadd(conn, stream, id, body).await,
+            Publisher::Mqtt(topic, _) => {
+                mqtt_publish(topic, vec![(id.to_owned(), body.to_owned())]).await
+            }
         }
     }
 
@@ -369,6 +461,20 @@ impl Setup {
                     .arg(&dead)
                     .query_async(&mut conn)
                     .await;
+            }
+            Publisher::Mqtt(_, client_id) => {
+                // A clean start with no session expiry ends the session.
+                let mut o = mqtt_options(&client_id);
+                o.set_clean_start(true);
+                let (client, mut events) = AsyncClient::new(o, 8);
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    while let Ok(e) = events.poll().await {
+                        if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
+                            let _ = client.disconnect().await;
+                        }
+                    }
+                })
+                .await;
             }
         }
     }
@@ -543,6 +649,63 @@ async fn redis_streams_entries_of_plain_fields_are_credited_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_transactional_killed_after_the_claim() {
+    killed_then_finished(mqtt_setup().await, PG, "claim").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_transactional_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(mqtt_setup().await, PG, "ack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_on_redis_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(mqtt_setup().await, REDIS, "ack").await;
+}
+
+/// A message without the `message-id` property is acked and counted, not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_a_message_without_an_id_is_acked_and_counted() {
+    let setup = mqtt_setup().await;
+    let Publisher::Mqtt(topic, _) = &setup.publish else {
+        unreachable!("an MQTT setup")
+    };
+    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 8);
+    client
+        .publish(
+            topic.as_str(),
+            QoS::AtLeastOnce,
+            false,
+            r#"{"account":"a","amount":1}"#,
+        )
+        .await
+        .expect("publish");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(events.poll().await, Ok(Event::Incoming(Packet::PubAck(_)))) {}
+    })
+    .await
+    .expect("the broker acks the publish");
+    setup.publish(0..3).await;
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1500"]);
+    let counters = c.finish(60).await;
+    assert_eq!(counter(&counters, "missing_id"), 1, "{counters}");
+    assert_eq!(counter(&counters, "processed"), 3, "{counters}");
+    assert_eq!(setup.ledger_counts().await, (3, 3));
+    // Everything was acked: the session has nothing left for the next run.
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1000"]);
+    let counters = c.finish(60).await;
+    assert_eq!(
+        (
+            counter(&counters, "processed"),
+            counter(&counters, "missing_id")
+        ),
+        (0, 0),
+        "{counters}"
+    );
+    setup.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_transactional_killed_after_the_claim() {
     killed_then_finished(rabbit_setup().await, PG, "claim").await;
 }
@@ -623,6 +786,11 @@ async fn nats_poison_is_terminated_with_the_count_kept_across_a_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_streams_poison_is_dead_lettered_with_the_count_kept_across_a_kill() {
     poison_across_a_kill(redis_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_poison_is_acked_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(mqtt_setup().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

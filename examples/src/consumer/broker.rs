@@ -6,12 +6,16 @@
 //!          --store URL --ledger postgres://...
 //! consumer --broker amqp://guest:guest@127.0.0.1:5672 --queue Q --store URL --ledger postgres://...
 //! consumer --broker redis://127.0.0.1:6379 --stream S --group G --store URL --ledger postgres://...
+//! consumer --broker mqtt://127.0.0.1:1883 --topic T --client-id C --store URL --ledger postgres://...
 //! ```
 //!
 //! Messages are JSON `{"account": "...", "amount": i64}` with their id in `Nats-Msg-Id`,
 //! the AMQP `message_id` property, or a Redis Streams entry's `message_id` field (the
 //! JSON in its `payload` field, or the entry's other fields as they are:
-//! `XADD S * message_id m1 account a amount 5`; the amount may be a decimal string). Each effect inserts one row into
+//! `XADD S * message_id m1 account a amount 5`; the amount may be a decimal string), or
+//! an MQTT 5 message's `message-id` user property. MQTT runs on a persistent session
+//! (`--client-id`, which may already exist with messages queued for it), QoS 1, acks
+//! after the record; `--topic` may be a shared subscription (`$share/G/T`). Each effect inserts one row into
 //! `ledger_credits(message_id, account, amount)` (no unique constraint: the table shows
 //! any double effect). When `--store` is the ledger's database, the insert commits in the
 //! claim's transaction. `--stream`, `--durable`, `--queue` and `--group` bind to what
@@ -33,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::NatsSource;
 use idem_consumer::rabbitmq::RabbitSource;
 use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource};
@@ -49,6 +54,8 @@ pub(crate) struct Args {
     durable: Option<String>,
     queue: Option<String>,
     group: Option<String>,
+    topic: Option<String>,
+    client_id: Option<String>,
     consumer: Option<String>,
     min_idle: Duration,
     store: String,
@@ -68,7 +75,8 @@ pub(crate) struct Args {
 
 const USAGE: &str = "usage: consumer --broker nats://HOST:PORT --stream S --subject S.credits \
     --durable D | --broker amqp://USER:PASS@HOST:PORT --queue Q | --broker redis://HOST:PORT \
-    --stream S --group G [--min-idle-ms N] [--consumer NAME], then --ledger postgres://... \
+    --stream S --group G [--min-idle-ms N] [--consumer NAME] | --broker mqtt://HOST:PORT --topic T \
+    --client-id C, then --ledger postgres://... \
     [--store URL] [--idle-exit-ms N] [--namespace NS] [--concurrency N] [--lease-ms N] \
     [--wait-ms N] [--max-attempts N] [--backoff-ms N] [--record-ttl-s N] [--ledger-table NAME] \
     [--pause-at claim|effect|ack --pause-ms N]";
@@ -81,6 +89,8 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
         durable: None,
         queue: None,
         group: None,
+        topic: None,
+        client_id: None,
         consumer: None,
         min_idle: Duration::from_secs(30),
         store: "memory".into(),
@@ -110,6 +120,8 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
             "--durable" => a.durable = Some(v),
             "--queue" => a.queue = Some(v),
             "--group" => a.group = Some(v),
+            "--topic" => a.topic = Some(v),
+            "--client-id" => a.client_id = Some(v),
             "--consumer" => a.consumer = Some(v),
             "--min-idle-ms" => a.min_idle = Duration::from_millis(num(&v)?),
             "--store" => a.store = v,
@@ -441,8 +453,38 @@ async fn serve<E: Effect>(
                 stop,
             )
             .await?)
+    } else if let Some(addr) = a.broker.strip_prefix("mqtt://") {
+        let (Some(topic), Some(client_id)) = (&a.topic, &a.client_id) else {
+            return Err(format!("MQTT needs --topic and --client-id\n{USAGE}").into());
+        };
+        let addr = addr.trim_end_matches('/');
+        let (host, port) = match addr.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|e| format!("--broker port: {e}"))?,
+            ),
+            None => (addr, 1883),
+        };
+        let mut options = idem_consumer::mqtt::rumqttc::v5::MqttOptions::new(client_id, host, port);
+        options.set_keep_alive(Duration::from_secs(10));
+        let receive = a.concurrency.clamp(1, u16::MAX as usize) as u16;
+        let cfg = MqttConfig::new(topic).receive_maximum(receive);
+        let source = MqttSource::new(options, cfg).await?;
+        Ok(consumer
+            .run(
+                HeldSource {
+                    inner: source,
+                    pause,
+                },
+                stop,
+            )
+            .await?)
     } else {
-        Err(format!("--broker must be nats://..., amqp://... or redis://...\n{USAGE}").into())
+        Err(
+            format!("--broker must be nats://..., amqp://..., redis://... or mqtt://...\n{USAGE}")
+                .into(),
+        )
     }
 }
 
