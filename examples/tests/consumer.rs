@@ -217,6 +217,10 @@ async fn mqtt_setup() -> Setup {
     }
 }
 
+fn shared_topic(topic: &str) -> String {
+    format!("$share/idem/{topic}")
+}
+
 /// QoS 1 publishes with the id in the `message-id` user property, each acked by the broker.
 async fn mqtt_publish(topic: &str, messages: Vec<(String, String)>) {
     let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 64);
@@ -379,8 +383,25 @@ impl Setup {
     }
 
     fn spawn(&self, store: &str, extra: &[&str]) -> Consumer {
+        self.spawn_slot(store, extra, None)
+    }
+
+    /// One of several consumers running at once. On MQTT each `slot` has its own
+    /// persistent session (client id `<C>-<slot>`, reused when a killed consumer is
+    /// replaced), subscribed to the topic through one shared subscription.
+    fn spawn_slot(&self, store: &str, extra: &[&str], slot: Option<usize>) -> Consumer {
+        let mut args = self.args(store, extra);
+        if let (Some(slot), Publisher::Mqtt(topic, client_id)) = (slot, &self.publish) {
+            for a in args.iter_mut() {
+                if a == topic {
+                    *a = shared_topic(topic);
+                } else if a == client_id {
+                    *a = format!("{client_id}-{slot}");
+                }
+            }
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_consumer"))
-            .args(self.args(store, extra))
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -404,7 +425,11 @@ impl Setup {
                 let _ = tx2.send(format!("log: {line}"));
             }
         });
-        Consumer { child, lines: rx }
+        Consumer {
+            child,
+            lines: rx,
+            slot,
+        }
     }
 
     /// (rows, distinct ids) in the ledger.
@@ -463,18 +488,21 @@ impl Setup {
                     .await;
             }
             Publisher::Mqtt(_, client_id) => {
-                // A clean start with no session expiry ends the session.
-                let mut o = mqtt_options(&client_id);
-                o.set_clean_start(true);
-                let (client, mut events) = AsyncClient::new(o, 8);
-                let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                    while let Ok(e) = events.poll().await {
-                        if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
-                            let _ = client.disconnect().await;
+                // A clean start with no session expiry ends a session.
+                let ids = [0, 1, 2].map(|slot| format!("{client_id}-{slot}"));
+                for id in std::iter::once(&client_id).chain(&ids) {
+                    let mut o = mqtt_options(id);
+                    o.set_clean_start(true);
+                    let (client, mut events) = AsyncClient::new(o, 8);
+                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                        while let Ok(e) = events.poll().await {
+                            if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
+                                let _ = client.disconnect().await;
+                            }
                         }
-                    }
-                })
-                .await;
+                    })
+                    .await;
+                }
             }
         }
     }
@@ -483,6 +511,7 @@ impl Setup {
 struct Consumer {
     child: Child,
     lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    slot: Option<usize>,
 }
 
 impl Consumer {
@@ -802,11 +831,27 @@ async fn rabbitmq_poison_is_rejected_with_the_count_kept_across_a_kill() {
 /// one is killed at random every fraction of a second and restarted.
 async fn random_kills(setup: Setup) {
     const N: u32 = 2000;
+    if let Publisher::Mqtt(topic, client_id) = &setup.publish {
+        // The three sessions exist (offline) before the messages are published, so the
+        // shared subscription queues them a third each: under Mosquitto's default limit
+        // of 1,000 queued messages per session.
+        for slot in 0..3 {
+            let id = format!("{client_id}-{slot}");
+            let cfg = MqttConfig::new(shared_topic(topic));
+            let session = MqttSource::new(mqtt_options(&id), cfg)
+                .await
+                .expect("Mosquitto on 1883");
+            drop(session);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     setup.publish(0..N).await;
     tokio::time::sleep(Duration::from_millis(200)).await; // past the duplicate window
     setup.publish((0..N).filter(|i| i % 10 == 3)).await;
     let args: &[&str] = &["--idle-exit-ms", "5000", "--concurrency", "16"];
-    let mut consumers: Vec<Consumer> = (0..3).map(|_| setup.spawn(PG, args)).collect();
+    let mut consumers: Vec<Consumer> = (0..3)
+        .map(|i| setup.spawn_slot(PG, args, Some(i)))
+        .collect();
     let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
     let mut rand = move |n: u64| {
         seed ^= seed << 13;
@@ -818,9 +863,10 @@ async fn random_kills(setup: Setup) {
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(300 + rand(400))).await;
         let victim = consumers.swap_remove(rand(consumers.len() as u64) as usize);
+        let slot = victim.slot;
         victim.sigkill().await;
         kills += 1;
-        consumers.push(setup.spawn(PG, args));
+        consumers.push(setup.spawn_slot(PG, args, slot));
     }
     let mut lines = Vec::new();
     for c in consumers {
@@ -848,6 +894,11 @@ async fn nats_random_kills_leave_each_id_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_streams_random_kills_leave_each_id_once() {
     random_kills(redis_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_random_kills_leave_each_id_once() {
+    random_kills(mqtt_setup().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
