@@ -1,7 +1,10 @@
 //! Exactly-once effects for broker consumers, on any idem store.
 //!
 //! Brokers deliver at least once: NATS JetStream redelivers after `ack_wait`, RabbitMQ
-//! requeues everything unacked when a channel drops. A [`Consumer`] makes each message's
+//! requeues everything unacked when a channel drops, a Redis Streams group hands an
+//! entry idle for `min_idle` to another consumer through `XAUTOCLAIM` (even one whose
+//! consumer is still working on it), an MQTT 5 broker resends every unacked message with
+//! DUP when a persistent session reconnects. A [`Consumer`] makes each message's
 //! effect happen once, with one set of rules written over the [`Delivery`] trait that
 //! each broker adapter implements (`nats`, `rabbitmq`, `redis-streams`, `mqtt` features):
 //!

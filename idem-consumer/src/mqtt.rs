@@ -24,6 +24,27 @@
 //! so the redelivery horizon is [`Horizon::Unknown`]. Brokers cap what they queue for an
 //! offline session (Mosquitto: 1,000 messages by default): a session away longer than
 //! that loses messages, which no consumer can bring back.
+//!
+//! ```no_run
+//! use idem_consumer::mqtt::rumqttc::v5::MqttOptions;
+//! use idem_consumer::mqtt::{MqttConfig, MqttSource};
+//! use idem_consumer::{Consumer, Message};
+//! use idem_runtime::{BoxError, Idem, Options};
+//!
+//! # async fn run() -> Result<(), BoxError> {
+//! static CREDIT: Options = Options::dedup("ledger::credit");
+//! // The client id names the persistent session: keep it across restarts.
+//! let options = MqttOptions::new("ledger-1", "127.0.0.1", 1883);
+//! let source = MqttSource::new(options, MqttConfig::new("credits")).await?;
+//! let consumer = Consumer::builder(Idem::builder().build(), CREDIT.clone())
+//!     .handler(|msg: Message| async move {
+//!         println!("credit {}", msg.id); // the message-id user property
+//!         Ok::<_, BoxError>(())
+//!     });
+//! consumer.run(source, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

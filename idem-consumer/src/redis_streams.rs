@@ -35,6 +35,30 @@
 //!
 //! Entries read just as the consumer shuts down stay pending under its name, and are
 //! reclaimed after `min_idle`, by it when it restarts or by another consumer.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_consumer::redis_streams::{redis, RedisStreamConfig, RedisStreamSource};
+//! use idem_consumer::{Consumer, Message};
+//! use idem_runtime::{BoxError, Idem, Options};
+//!
+//! # async fn run() -> Result<(), BoxError> {
+//! static CREDIT: Options = Options::dedup("ledger::credit").ttl(Duration::from_secs(86_400));
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let config = RedisStreamConfig::new("credits", "ledger", "worker-1")
+//!     .id_field("message_id") // XADD credits * message_id m-1 payload {...}
+//!     .min_idle(Duration::from_secs(30))
+//!     .max_deliveries(20); // bounds the redeliveries, so the record ttl can cover them
+//! let source = RedisStreamSource::new(&client, config).await?;
+//! let consumer = Consumer::builder(Idem::builder().build(), CREDIT.clone())
+//!     .handler(|msg: Message| async move {
+//!         println!("credit {}", msg.id); // runs once per message id
+//!         Ok::<_, BoxError>(())
+//!     });
+//! consumer.run(source, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
