@@ -529,3 +529,42 @@ async fn a_consumer_killed_before_its_effect_leaves_the_entry_to_xautoclaim() {
 async fn a_consumer_killed_after_its_effect_before_the_ack_is_replayed_not_rerun() {
     killed_then_reclaimed("ack").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_delivered_more_than_max_deliveries_is_dead_lettered_unrun() {
+    let s = Stream::new();
+    let id = s.add(&[("payload", "{}")]).await;
+    let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let log = attempts.clone();
+    // The store would allow 10 failures; the stream's bound of 2 deliveries ends it first.
+    let consumer = Consumer::builder(idem(), CREDIT.clone())
+        .max_attempts(10)
+        .backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .handler(move |msg: Message| {
+            let log = log.clone();
+            async move {
+                log.lock().expect("log").push(msg.attempt);
+                Err::<(), BoxError>("failing".into())
+            }
+        });
+    let cfg = s
+        .config("c1")
+        .min_idle(Duration::from_millis(300))
+        .max_deliveries(2);
+    let run = spawn(&consumer, s.source(cfg).await);
+    let dead = async {
+        while s.dead_letters().await.is_empty() {
+            settle(50).await;
+        }
+    };
+    with_deadline(30, "dead-lettered by the source", dead).await;
+    settle(500).await;
+    let c = run.stop().await;
+    assert_eq!(*attempts.lock().expect("log"), vec![1, 2], "{c:?}");
+    assert_eq!((c.handler_errors, c.poison), (2, 0), "{c:?}");
+    let dead = s.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].contains(&("source_id".into(), id)), "{dead:?}");
+    assert_eq!(s.pending().await, 0);
+    s.drop().await;
+}
