@@ -69,6 +69,22 @@ async fn publish(topic: &str, messages: &[(Option<&str>, &str)]) {
     .await;
 }
 
+/// Ends a test's persistent session (a clean start with no session expiry), so none is
+/// left queued at the broker.
+async fn end_session(client_id: &str) {
+    let mut o = options(client_id);
+    o.set_clean_start(true);
+    let (client, mut events) = AsyncClient::new(o, 8);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(e) = events.poll().await {
+            if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
+                let _ = client.disconnect().await;
+            }
+        }
+    })
+    .await;
+}
+
 fn idem() -> Idem {
     Idem::builder()
         .store(MemoryStore::new())
@@ -178,6 +194,7 @@ async fn a_dup_redelivery_after_a_reconnect_is_a_duplicate() {
     let c = run.stop().await;
     assert_eq!((c.processed, c.redeliveries), (0, 0), "{c:?}");
     assert_eq!(effects.total(), 2);
+    end_session(&client_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,6 +220,7 @@ async fn messages_queued_for_an_offline_session_run_once_each() {
     let c = run.stop().await;
     assert_eq!((c.processed, c.duplicates), (50, 10), "{c:?}");
     assert_eq!((effects.distinct(), effects.total()), (50, 50));
+    end_session(&client_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,6 +264,7 @@ async fn a_message_without_an_id_is_acked_and_counted_and_a_payload_field_can_be
     settle(1000).await;
     let c = run.stop().await;
     assert_eq!((c.processed, c.duplicates, c.poison), (0, 0, 0), "{c:?}");
+    end_session(&client_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,4 +283,5 @@ async fn a_failing_message_is_retried_then_acked_as_poison() {
         (3, 1, 0),
         "{c:?}"
     );
+    end_session(&client_id).await;
 }
