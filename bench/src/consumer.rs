@@ -5,9 +5,12 @@
 //! adds per message: the claim, the record and the rules. Measured on MemoryStore and,
 //! with a PostgreSQL `--sql` URL, on SqlStore.
 //!
-//! Brokers: NATS JetStream at `$IDEM_BENCH_NATS` (default `nats://127.0.0.1:4222`) and
-//! RabbitMQ at `$IDEM_BENCH_AMQP` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
-//! a broker that does not answer is noted and skipped.
+//! Brokers: NATS JetStream at `$IDEM_BENCH_NATS` (default `nats://127.0.0.1:4222`),
+//! RabbitMQ at `$IDEM_BENCH_AMQP` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
+//! Redis Streams at `$IDEM_BENCH_REDIS` (default `redis://127.0.0.1:6379`) and MQTT 5 at
+//! `$IDEM_BENCH_MQTT` (default `127.0.0.1:1883`); a broker that does not answer is noted
+//! and skipped. An MQTT run holds at most 900 messages: Mosquitto queues at most 1,000
+//! per session by default, and the messages are published before the run.
 
 use std::future::IntoFuture as _;
 use std::sync::Arc;
@@ -16,8 +19,13 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, message::PublishMessage, stream};
 use futures_util::future::join_all;
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::NatsSource;
 use idem_consumer::rabbitmq::RabbitSource;
+use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource, redis};
 use idem_consumer::{Consumer, Delivery, Message, Source};
 use idem_runtime::{BoxError, Idem, MemoryStore, Options, SqlStore, Store};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -63,16 +71,33 @@ pub(crate) async fn run(args: &Args, report: &mut Report) {
     let nats_url = std::env::var("IDEM_BENCH_NATS").unwrap_or("nats://127.0.0.1:4222".into());
     let amqp_url =
         std::env::var("IDEM_BENCH_AMQP").unwrap_or("amqp://guest:guest@127.0.0.1:5672/%2f".into());
-    for broker in [Broker::Nats(nats_url), Broker::Amqp(amqp_url)] {
+    let redis_url = std::env::var("IDEM_BENCH_REDIS").unwrap_or("redis://127.0.0.1:6379".into());
+    let mqtt_addr = std::env::var("IDEM_BENCH_MQTT").unwrap_or("127.0.0.1:1883".into());
+    for broker in [
+        Broker::Nats(nats_url),
+        Broker::Amqp(amqp_url),
+        Broker::Redis(redis_url),
+        Broker::Mqtt(mqtt_addr),
+    ] {
+        let n = match broker {
+            Broker::Mqtt(_) => n.min(MQTT_MAX),
+            _ => n,
+        };
         if let Err(e) = broker_cases(args, report, &broker, n, pg.as_deref()).await {
             report.note(format!("consumer/{} skipped: {e}", broker.name()));
         }
     }
 }
 
+/// Messages per MQTT run: under Mosquitto's default of 1,000 queued per session.
+const MQTT_MAX: usize = 900;
+
 enum Broker {
     Nats(String),
     Amqp(String),
+    Redis(String),
+    /// `host:port`.
+    Mqtt(String),
 }
 
 impl Broker {
@@ -80,6 +105,8 @@ impl Broker {
         match self {
             Broker::Nats(_) => "nats",
             Broker::Amqp(_) => "rabbitmq",
+            Broker::Redis(_) => "redis-streams",
+            Broker::Mqtt(_) => "mqtt",
         }
     }
 }
@@ -223,6 +250,90 @@ async fn measure(
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
             let _ = conn.close(200, "".into()).await;
+            rate
+        }
+        Broker::Redis(url) => {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = bounded("connect", client.get_multiplexed_async_connection()).await?;
+            let stream = format!("bench_{tag}");
+            for start in (0..n).step_by(PUBLISH_WINDOW) {
+                let mut pipe = redis::pipe();
+                for i in start..(start + PUBLISH_WINDOW).min(n) {
+                    pipe.cmd("XADD")
+                        .arg(&stream)
+                        .arg("*")
+                        .arg("message_id")
+                        .arg(format!("{tag}-{i}"))
+                        .arg("payload")
+                        .arg("{}")
+                        .ignore();
+                }
+                bounded("XADD", pipe.query_async::<()>(&mut conn)).await?;
+            }
+            let cfg = RedisStreamConfig::new(&stream, "G", "bench")
+                .id_field("message_id")
+                .batch(PREFETCH)
+                .max_deliveries(5);
+            let source = RedisStreamSource::new(&client, cfg).await?;
+            let rate = consume(source, n, store).await;
+            let _: Result<(), _> = redis::cmd("DEL").arg(&stream).query_async(&mut conn).await;
+            rate
+        }
+        Broker::Mqtt(addr) => {
+            let (host, port) = addr
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                .ok_or("IDEM_BENCH_MQTT: host:port")?;
+            let options = |id: &str| {
+                let mut o = MqttOptions::new(id, host.clone(), port);
+                o.set_keep_alive(Duration::from_secs(10));
+                o
+            };
+            let topic = format!("bench/{tag}");
+            let client_id = format!("bench-{tag}");
+            let cfg = MqttConfig::new(&topic).receive_maximum(CONCURRENCY as u16);
+            // The session subscribes first; the messages wait for it at the broker.
+            let source = MqttSource::new(options(&client_id), cfg).await?;
+            let (publisher, mut events) = AsyncClient::new(options(&format!("pub-{tag}")), 64);
+            let sender = publisher.clone();
+            let (t, tg) = (topic.clone(), tag.clone());
+            let send = tokio::spawn(async move {
+                for i in 0..n {
+                    let mut props = PublishProperties::default();
+                    props
+                        .user_properties
+                        .push(("message-id".into(), format!("{tg}-{i}")));
+                    sender
+                        .publish_with_properties(t.as_str(), QoS::AtLeastOnce, false, "{}", props)
+                        .await?;
+                }
+                Ok::<_, BoxError>(())
+            });
+            let acked = async {
+                let mut acked = 0;
+                while acked < n {
+                    if let Event::Incoming(Packet::PubAck(_)) = events.poll().await? {
+                        acked += 1;
+                    }
+                }
+                Ok::<_, BoxError>(())
+            };
+            bounded("publish acks", acked).await?;
+            send.await??;
+            let _ = publisher.disconnect().await;
+            let rate = consume(source, n, store).await;
+            // Ends the session (a clean start without expiry).
+            let mut o = options(&client_id);
+            o.set_clean_start(true);
+            let (c, mut ev) = AsyncClient::new(o, 8);
+            let _ = tokio::time::timeout(STEP_TIMEOUT, async {
+                while let Ok(e) = ev.poll().await {
+                    if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
+                        let _ = c.disconnect().await;
+                    }
+                }
+            })
+            .await;
             rate
         }
     }

@@ -24,7 +24,8 @@
 //!
 //! Exits non-zero if any message was credited twice or not at all.
 //!
-//! With `--broker nats://...` or `--broker amqp://...` it consumes a real broker instead
+//! With `--broker nats://...`, `--broker amqp://...`, `--broker redis://...` (Redis
+//! Streams) or `--broker mqtt://...` (MQTT 5) it consumes a real broker instead
 //! (see `consumer/broker.rs` for the command lines).
 
 #[path = "consumer/broker.rs"]

@@ -6,10 +6,15 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
+use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::async_nats::{self, jetstream};
 use idem_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use idem_consumer::rabbitmq::lapin::types::{FieldTable, ShortString};
 use idem_consumer::rabbitmq::lapin::{BasicProperties, Connection};
+use idem_consumer::redis_streams::redis;
 use idem_runtime::SqlStore;
 use idem_runtime::store::sql::sqlx::{self, PgPool};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -18,6 +23,8 @@ use tokio::process::{Child, Command};
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const NATS: &str = "nats://127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const REDIS: &str = "redis://127.0.0.1:6379";
+const MQTT: &str = "mqtt://127.0.0.1:1883";
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -38,6 +45,9 @@ struct Setup {
 enum Publisher {
     Nats(jetstream::Context, String, String),
     Rabbit(Connection, String),
+    Redis(redis::aio::MultiplexedConnection, String),
+    /// The topic, and the consumer's client id (its persistent session).
+    Mqtt(String, String),
 }
 
 async fn ledger() -> (PgPool, String) {
@@ -131,6 +141,137 @@ async fn rabbit_setup() -> Setup {
     }
 }
 
+/// A stream whose group already exists (created here, as an operator would), read by the
+/// example with entries reclaimed after 1 s of silence.
+async fn redis_setup() -> Setup {
+    let client = redis::Client::open(REDIS).expect("a redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis on 6379");
+    let stream = unique("es");
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("G")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .expect("the group");
+    let (ledger, table) = ledger().await;
+    let broker = [
+        "--broker",
+        REDIS,
+        "--stream",
+        &stream,
+        "--group",
+        "G",
+        "--min-idle-ms",
+        "1000",
+    ]
+    .map(String::from)
+    .to_vec();
+    Setup {
+        broker,
+        ledger,
+        table,
+        namespace: unique("ns"),
+        publish: Publisher::Redis(conn, stream),
+    }
+}
+
+fn mqtt_options(client_id: &str) -> MqttOptions {
+    let mut o = MqttOptions::new(client_id, "127.0.0.1", 1883);
+    o.set_keep_alive(Duration::from_secs(10));
+    o
+}
+
+/// A topic and a persistent session subscribed to it, created here and left offline (as
+/// a consumer that was stopped): messages published now are queued for it.
+async fn mqtt_setup() -> Setup {
+    let topic = unique("et");
+    let client_id = unique("ec");
+    let session = MqttSource::new(mqtt_options(&client_id), MqttConfig::new(&topic))
+        .await
+        .expect("Mosquitto on 1883");
+    drop(session);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ledger, table) = ledger().await;
+    let broker = [
+        "--broker",
+        MQTT,
+        "--topic",
+        &topic,
+        "--client-id",
+        &client_id,
+    ]
+    .map(String::from)
+    .to_vec();
+    Setup {
+        broker,
+        ledger,
+        table,
+        namespace: unique("ns"),
+        publish: Publisher::Mqtt(topic, client_id),
+    }
+}
+
+fn shared_topic(topic: &str) -> String {
+    format!("$share/idem/{topic}")
+}
+
+/// QoS 1 publishes with the id in the `message-id` user property, each acked by the broker.
+async fn mqtt_publish(topic: &str, messages: Vec<(String, String)>) {
+    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 64);
+    let total = messages.len();
+    let sender = client.clone();
+    let topic = topic.to_owned();
+    let send = tokio::spawn(async move {
+        for (id, body) in messages {
+            let mut props = PublishProperties::default();
+            props.user_properties.push(("message-id".into(), id));
+            sender
+                .publish_with_properties(topic.as_str(), QoS::AtLeastOnce, false, body, props)
+                .await
+                .expect("publish");
+        }
+    });
+    let mut acked = 0;
+    let wait = async {
+        while acked < total {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(e) => panic!("Mosquitto on 1883: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .expect("the broker acks the publishes");
+    send.await.expect("the sender");
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+}
+
+/// `XADD <stream> * message_id <id> payload <body>`.
+async fn xadd(conn: &redis::aio::MultiplexedConnection, stream: &str, id: &str, body: &str) {
+    let _: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("message_id")
+        .arg(id)
+        .arg("payload")
+        .arg(body)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("XADD");
+}
+
 impl Setup {
     /// Publishes credits `from..to` (ids `m-N`); `again` publishes them a second time,
     /// past the NATS duplicate window (a producer's retry).
@@ -167,6 +308,21 @@ impl Setup {
                 }
                 let _ = ch.close(200, "".into()).await;
             }
+            Publisher::Redis(conn, stream) => {
+                for i in ids {
+                    let body = format!(r#"{{"account":"acct-{}","amount":{}}}"#, i % 7, i + 1);
+                    xadd(conn, stream, &format!("m-{i}"), &body).await;
+                }
+            }
+            Publisher::Mqtt(topic, _) => {
+                let msgs = ids
+                    .map(|i| {
+                        let body = format!(r#"{{"account":"acct-{}","amount":{}}}"#, i % 7, i + 1);
+                        (format!("m-{i}"), body)
+                    })
+                    .collect();
+                mqtt_publish(topic, msgs).await;
+            }
         }
     }
 
@@ -199,6 +355,10 @@ impl Setup {
                 .expect("publish confirm");
                 let _ = ch.close(200, "".into()).await;
             }
+            Publisher::Redis(conn, stream) => xadd(conn, stream, id, body).await,
+            Publisher::Mqtt(topic, _) => {
+                mqtt_publish(topic, vec![(id.to_owned(), body.to_owned())]).await
+            }
         }
     }
 
@@ -223,8 +383,25 @@ impl Setup {
     }
 
     fn spawn(&self, store: &str, extra: &[&str]) -> Consumer {
+        self.spawn_slot(store, extra, None)
+    }
+
+    /// One of several consumers running at once. On MQTT each `slot` has its own
+    /// persistent session (client id `<C>-<slot>`, reused when a killed consumer is
+    /// replaced), subscribed to the topic through one shared subscription.
+    fn spawn_slot(&self, store: &str, extra: &[&str], slot: Option<usize>) -> Consumer {
+        let mut args = self.args(store, extra);
+        if let (Some(slot), Publisher::Mqtt(topic, client_id)) = (slot, &self.publish) {
+            for a in args.iter_mut() {
+                if a == topic {
+                    *a = shared_topic(topic);
+                } else if a == client_id {
+                    *a = format!("{client_id}-{slot}");
+                }
+            }
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_consumer"))
-            .args(self.args(store, extra))
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -248,7 +425,11 @@ impl Setup {
                 let _ = tx2.send(format!("log: {line}"));
             }
         });
-        Consumer { child, lines: rx }
+        Consumer {
+            child,
+            lines: rx,
+            slot,
+        }
     }
 
     /// (rows, distinct ids) in the ledger.
@@ -298,6 +479,31 @@ impl Setup {
                         .await;
                 }
             }
+            Publisher::Redis(mut conn, stream) => {
+                let dead = format!("{stream}:dlq");
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(&stream)
+                    .arg(&dead)
+                    .query_async(&mut conn)
+                    .await;
+            }
+            Publisher::Mqtt(_, client_id) => {
+                // A clean start with no session expiry ends a session.
+                let ids = [0, 1, 2].map(|slot| format!("{client_id}-{slot}"));
+                for id in std::iter::once(&client_id).chain(&ids) {
+                    let mut o = mqtt_options(id);
+                    o.set_clean_start(true);
+                    let (client, mut events) = AsyncClient::new(o, 8);
+                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                        while let Ok(e) = events.poll().await {
+                            if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
+                                let _ = client.disconnect().await;
+                            }
+                        }
+                    })
+                    .await;
+                }
+            }
         }
     }
 }
@@ -305,6 +511,7 @@ impl Setup {
 struct Consumer {
     child: Child,
     lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    slot: Option<usize>,
 }
 
 impl Consumer {
@@ -412,6 +619,122 @@ async fn nats_on_redis_killed_after_the_effect_before_the_ack() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_transactional_killed_after_the_claim() {
+    killed_then_finished(redis_setup().await, PG, "claim").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_transactional_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(redis_setup().await, PG, "ack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_on_redis_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(redis_setup().await, REDIS, "ack").await;
+}
+
+/// An entry written as plain fields (`XADD S * message_id m1 account a amount 5`), twice:
+/// credited once, the amount read from its decimal string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_entries_of_plain_fields_are_credited_once() {
+    let setup = redis_setup().await;
+    let Publisher::Redis(conn, stream) = &setup.publish else {
+        unreachable!("a Redis setup")
+    };
+    for _ in 0..2 {
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("message_id")
+            .arg("flat-1")
+            .arg("account")
+            .arg("acct-9")
+            .arg("amount")
+            .arg("5")
+            .query_async(&mut conn.clone())
+            .await
+            .expect("XADD");
+    }
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1500"]);
+    let counters = c.finish(60).await;
+    assert_eq!(setup.ledger_counts().await, (1, 1), "{counters}");
+    assert_eq!(
+        (
+            counter(&counters, "processed"),
+            counter(&counters, "duplicates")
+        ),
+        (1, 1),
+        "{counters}"
+    );
+    let amount: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT amount FROM {} WHERE message_id = 'flat-1'",
+        setup.table
+    )))
+    .fetch_one(&setup.ledger)
+    .await
+    .expect("the row");
+    assert_eq!(amount, 5);
+    setup.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_transactional_killed_after_the_claim() {
+    killed_then_finished(mqtt_setup().await, PG, "claim").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_transactional_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(mqtt_setup().await, PG, "ack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_on_redis_killed_after_the_effect_before_the_ack() {
+    killed_then_finished(mqtt_setup().await, REDIS, "ack").await;
+}
+
+/// A message without the `message-id` property is acked and counted, not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_a_message_without_an_id_is_acked_and_counted() {
+    let setup = mqtt_setup().await;
+    let Publisher::Mqtt(topic, _) = &setup.publish else {
+        unreachable!("an MQTT setup")
+    };
+    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 8);
+    client
+        .publish(
+            topic.as_str(),
+            QoS::AtLeastOnce,
+            false,
+            r#"{"account":"a","amount":1}"#,
+        )
+        .await
+        .expect("publish");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(events.poll().await, Ok(Event::Incoming(Packet::PubAck(_)))) {}
+    })
+    .await
+    .expect("the broker acks the publish");
+    setup.publish(0..3).await;
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1500"]);
+    let counters = c.finish(60).await;
+    assert_eq!(counter(&counters, "missing_id"), 1, "{counters}");
+    assert_eq!(counter(&counters, "processed"), 3, "{counters}");
+    assert_eq!(setup.ledger_counts().await, (3, 3));
+    // Everything was acked: the session has nothing left for the next run.
+    let c = setup.spawn(REDIS, &["--idle-exit-ms", "1000"]);
+    let counters = c.finish(60).await;
+    assert_eq!(
+        (
+            counter(&counters, "processed"),
+            counter(&counters, "missing_id")
+        ),
+        (0, 0),
+        "{counters}"
+    );
+    setup.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_transactional_killed_after_the_claim() {
     killed_then_finished(rabbit_setup().await, PG, "claim").await;
 }
@@ -490,6 +813,16 @@ async fn nats_poison_is_terminated_with_the_count_kept_across_a_kill() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_poison_is_dead_lettered_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(redis_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_poison_is_acked_with_the_count_kept_across_a_kill() {
+    poison_across_a_kill(mqtt_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_poison_is_rejected_with_the_count_kept_across_a_kill() {
     poison_across_a_kill(rabbit_setup().await).await;
 }
@@ -498,11 +831,27 @@ async fn rabbitmq_poison_is_rejected_with_the_count_kept_across_a_kill() {
 /// one is killed at random every fraction of a second and restarted.
 async fn random_kills(setup: Setup) {
     const N: u32 = 2000;
+    if let Publisher::Mqtt(topic, client_id) = &setup.publish {
+        // The three sessions exist (offline) before the messages are published, so the
+        // shared subscription queues them a third each: under Mosquitto's default limit
+        // of 1,000 queued messages per session.
+        for slot in 0..3 {
+            let id = format!("{client_id}-{slot}");
+            let cfg = MqttConfig::new(shared_topic(topic));
+            let session = MqttSource::new(mqtt_options(&id), cfg)
+                .await
+                .expect("Mosquitto on 1883");
+            drop(session);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     setup.publish(0..N).await;
     tokio::time::sleep(Duration::from_millis(200)).await; // past the duplicate window
     setup.publish((0..N).filter(|i| i % 10 == 3)).await;
     let args: &[&str] = &["--idle-exit-ms", "5000", "--concurrency", "16"];
-    let mut consumers: Vec<Consumer> = (0..3).map(|_| setup.spawn(PG, args)).collect();
+    let mut consumers: Vec<Consumer> = (0..3)
+        .map(|i| setup.spawn_slot(PG, args, Some(i)))
+        .collect();
     let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
     let mut rand = move |n: u64| {
         seed ^= seed << 13;
@@ -514,9 +863,10 @@ async fn random_kills(setup: Setup) {
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(300 + rand(400))).await;
         let victim = consumers.swap_remove(rand(consumers.len() as u64) as usize);
+        let slot = victim.slot;
         victim.sigkill().await;
         kills += 1;
-        consumers.push(setup.spawn(PG, args));
+        consumers.push(setup.spawn_slot(PG, args, slot));
     }
     let mut lines = Vec::new();
     for c in consumers {
@@ -539,6 +889,16 @@ async fn random_kills(setup: Setup) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_random_kills_leave_each_id_once() {
     random_kills(nats_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_random_kills_leave_each_id_once() {
+    random_kills(redis_setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_random_kills_leave_each_id_once() {
+    random_kills(mqtt_setup().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,12 @@
 //! Exactly-once effects for broker consumers, on any idem store.
 //!
 //! Brokers deliver at least once: NATS JetStream redelivers after `ack_wait`, RabbitMQ
-//! requeues everything unacked when a channel drops. A [`Consumer`] makes each message's
+//! requeues everything unacked when a channel drops, a Redis Streams group hands an
+//! entry idle for `min_idle` to another consumer through `XAUTOCLAIM` (even one whose
+//! consumer is still working on it), an MQTT 5 broker resends every unacked message with
+//! DUP when a persistent session reconnects. A [`Consumer`] makes each message's
 //! effect happen once, with one set of rules written over the [`Delivery`] trait that
-//! each broker adapter implements (`nats`, `rabbitmq` features):
+//! each broker adapter implements (`nats`, `rabbitmq`, `redis-streams`, `mqtt` features):
 //!
 //! - the message id is claimed through idem before the handler runs;
 //! - the ack is sent only after the result is recorded (or its transaction committed),
@@ -69,6 +72,9 @@ mod counters;
 mod delivery;
 mod effect;
 mod error;
+#[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
@@ -76,6 +82,9 @@ pub mod observe;
 #[cfg(feature = "rabbitmq")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
+#[cfg(feature = "redis-streams")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
+pub mod redis_streams;
 #[cfg(feature = "postgres")]
 mod tx;
 

@@ -5,19 +5,29 @@
 //! consumer --broker nats://127.0.0.1:4222 --stream S --subject S.credits --durable D \
 //!          --store URL --ledger postgres://...
 //! consumer --broker amqp://guest:guest@127.0.0.1:5672 --queue Q --store URL --ledger postgres://...
+//! consumer --broker redis://127.0.0.1:6379 --stream S --group G --store URL --ledger postgres://...
+//! consumer --broker mqtt://127.0.0.1:1883 --topic T --client-id C --store URL --ledger postgres://...
 //! ```
 //!
-//! Messages are JSON `{"account": "...", "amount": i64}` with their id in `Nats-Msg-Id` or
-//! the AMQP `message_id` property. Each effect inserts one row into
+//! Messages are JSON `{"account": "...", "amount": i64}` with their id in `Nats-Msg-Id`,
+//! the AMQP `message_id` property, or a Redis Streams entry's `message_id` field (the
+//! JSON in its `payload` field, or the entry's other fields as they are:
+//! `XADD S * message_id m1 account a amount 5`; the amount may be a decimal string), or
+//! an MQTT 5 message's `message-id` user property. MQTT runs on a persistent session
+//! (`--client-id`, which may already exist with messages queued for it), QoS 1, acks
+//! after the record; `--topic` may be a shared subscription (`$share/G/T`). Each effect inserts one row into
 //! `ledger_credits(message_id, account, amount)` (no unique constraint: the table shows
 //! any double effect). When `--store` is the ledger's database, the insert commits in the
-//! claim's transaction. `--stream`, `--durable` and `--queue` bind to what exists, with
-//! its own settings, and create it only if absent.
+//! claim's transaction. `--stream`, `--durable`, `--queue` and `--group` bind to what
+//! exists, with its own settings, and create it only if absent (a Redis group created here
+//! reads the stream from its start).
 //!
 //! More options: `--idle-exit-ms N` (exit after N ms without deliveries, printing the
 //! counters), `--namespace NS`, `--concurrency N`, `--lease-ms N`, `--wait-ms N`,
 //! `--max-attempts N`, `--backoff-ms N` (the first nak delay after a failure),
-//! `--record-ttl-s N`, `--ledger-table NAME`, and for fault tests
+//! `--record-ttl-s N`, `--ledger-table NAME`, for Redis Streams `--min-idle-ms N` (how long
+//! an entry stays pending with a consumer that went silent before another reclaims it;
+//! default 30000) and `--consumer NAME` (default `consumer-<pid>`), and for fault tests
 //! `--pause-at claim|effect|ack` with `--pause-ms N`: print `PAUSE <where> <id>` at that
 //! point of the first delivery and sleep (a test then kills or stops the process).
 
@@ -27,8 +37,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::NatsSource;
 use idem_consumer::rabbitmq::RabbitSource;
+use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource};
 use idem_consumer::{
     AckError, Consumer, Counters, Delivery, Effect, Horizon, Message, Source, TxHandler,
 };
@@ -41,6 +53,11 @@ pub(crate) struct Args {
     subject: Option<String>,
     durable: Option<String>,
     queue: Option<String>,
+    group: Option<String>,
+    topic: Option<String>,
+    client_id: Option<String>,
+    consumer: Option<String>,
+    min_idle: Duration,
     store: String,
     ledger: String,
     table: String,
@@ -57,7 +74,9 @@ pub(crate) struct Args {
 }
 
 const USAGE: &str = "usage: consumer --broker nats://HOST:PORT --stream S --subject S.credits \
-    --durable D | --broker amqp://USER:PASS@HOST:PORT --queue Q, then --ledger postgres://... \
+    --durable D | --broker amqp://USER:PASS@HOST:PORT --queue Q | --broker redis://HOST:PORT \
+    --stream S --group G [--min-idle-ms N] [--consumer NAME] | --broker mqtt://HOST:PORT --topic T \
+    --client-id C, then --ledger postgres://... \
     [--store URL] [--idle-exit-ms N] [--namespace NS] [--concurrency N] [--lease-ms N] \
     [--wait-ms N] [--max-attempts N] [--backoff-ms N] [--record-ttl-s N] [--ledger-table NAME] \
     [--pause-at claim|effect|ack --pause-ms N]";
@@ -69,6 +88,11 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
         subject: None,
         durable: None,
         queue: None,
+        group: None,
+        topic: None,
+        client_id: None,
+        consumer: None,
+        min_idle: Duration::from_secs(30),
         store: "memory".into(),
         ledger: String::new(),
         table: "ledger_credits".into(),
@@ -95,6 +119,11 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
             "--subject" => a.subject = Some(v),
             "--durable" => a.durable = Some(v),
             "--queue" => a.queue = Some(v),
+            "--group" => a.group = Some(v),
+            "--topic" => a.topic = Some(v),
+            "--client-id" => a.client_id = Some(v),
+            "--consumer" => a.consumer = Some(v),
+            "--min-idle-ms" => a.min_idle = Duration::from_millis(num(&v)?),
             "--store" => a.store = v,
             "--ledger" => a.ledger = v,
             "--ledger-table" => {
@@ -128,7 +157,23 @@ pub(crate) fn parse(raw: Vec<String>) -> Result<Args, String> {
 #[derive(serde::Deserialize)]
 struct Credit {
     account: String,
+    #[serde(deserialize_with = "amount")]
     amount: i64,
+}
+
+/// A JSON number, or a decimal string (a Redis Streams entry's fields are strings).
+fn amount<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::Deserialize;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Amount {
+        Number(i64),
+        Text(String),
+    }
+    match Amount::deserialize(d)? {
+        Amount::Number(n) => Ok(n),
+        Amount::Text(t) => t.trim().parse().map_err(serde::de::Error::custom),
+    }
 }
 
 fn credit(msg: &Message) -> Result<Credit, BoxError> {
@@ -383,8 +428,63 @@ async fn serve<E: Effect>(
             .await?;
         let _ = conn.close(200, "bye".into()).await;
         Ok(counters)
+    } else if a.broker.starts_with("redis://") || a.broker.starts_with("rediss://") {
+        let (Some(stream), Some(group)) = (&a.stream, &a.group) else {
+            return Err(format!("Redis Streams needs --stream and --group\n{USAGE}").into());
+        };
+        let name = a
+            .consumer
+            .clone()
+            .unwrap_or_else(|| format!("consumer-{}", std::process::id()));
+        let client = idem_consumer::redis_streams::redis::Client::open(a.broker.as_str())?;
+        // As on NATS: at most 20 deliveries of an entry, which bounds its redeliveries.
+        let cfg = RedisStreamConfig::new(stream, group, name)
+            .id_field("message_id")
+            .min_idle(a.min_idle)
+            .batch(a.concurrency)
+            .max_deliveries(20);
+        let source = RedisStreamSource::new(&client, cfg).await?;
+        Ok(consumer
+            .run(
+                HeldSource {
+                    inner: source,
+                    pause,
+                },
+                stop,
+            )
+            .await?)
+    } else if let Some(addr) = a.broker.strip_prefix("mqtt://") {
+        let (Some(topic), Some(client_id)) = (&a.topic, &a.client_id) else {
+            return Err(format!("MQTT needs --topic and --client-id\n{USAGE}").into());
+        };
+        let addr = addr.trim_end_matches('/');
+        let (host, port) = match addr.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|e| format!("--broker port: {e}"))?,
+            ),
+            None => (addr, 1883),
+        };
+        let mut options = idem_consumer::mqtt::rumqttc::v5::MqttOptions::new(client_id, host, port);
+        options.set_keep_alive(Duration::from_secs(10));
+        let receive = a.concurrency.clamp(1, u16::MAX as usize) as u16;
+        let cfg = MqttConfig::new(topic).receive_maximum(receive);
+        let source = MqttSource::new(options, cfg).await?;
+        Ok(consumer
+            .run(
+                HeldSource {
+                    inner: source,
+                    pause,
+                },
+                stop,
+            )
+            .await?)
     } else {
-        Err(format!("--broker must be nats://... or amqp://...\n{USAGE}").into())
+        Err(
+            format!("--broker must be nats://..., amqp://..., redis://... or mqtt://...\n{USAGE}")
+                .into(),
+        )
     }
 }
 
