@@ -94,7 +94,9 @@
 //!
 //! # Features
 //!
-//! - `axum`: [`IdempotencyKey`] as an extractor, and `IntoResponse` for [`Problem`].
+//! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
+//!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
+//!   [`tower::Layer`] over [`http`] and [`http_body`] types.
 //! - `metrics`: counts requests by outcome ([`observe`]) through the `metrics` facade,
 //!   beside the runtime's own metrics.
 //!
@@ -115,12 +117,7 @@
 //! `Idempotency-Key`. Only tokens this service issued and that have not expired are
 //! accepted; each runs the handler once. Tokens are unguessable (128 random bits), so
 //! they need no caller scope.
-//!
-//! # Features
-//!
-//! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
-//!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
-//!   [`tower::Layer`] over [`http`] and [`http_body`] types.
+
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
