@@ -21,8 +21,8 @@ use crate::Problem;
 /// Counter of requests the layer saw: label `outcome`.
 pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
-/// Every value of the `outcome` label, in [`Outcome`] order: the problems' labels are
-/// their [`code`](Problem::code)s.
+/// Every value of the `outcome` label: the problems' labels are their
+/// [`code`](Problem::code)s.
 pub const OUTCOMES: [&str; 18] = [
     "ran",
     "replayed",
