@@ -11,6 +11,9 @@
 #
 #   ratio build-cost VALUE      (median of idem's time / cached's, pair by pair)
 #
+# and `ratio build-cost-cpu`, the same for CPU seconds (user + sys), which a loaded
+# machine moves less.
+#
 # Usage: bench/build-cost.sh [PAIRS]   (default 3 alternating pairs; each build takes
 # tens of seconds on 2 cores). IDEM_DIR=/other/checkout measures another checkout of
 # idem. KEEP=1 keeps the temp dir and prints its path (for `cargo tree` in the crates).
@@ -90,13 +93,16 @@ for c in idem cached; do
     )
 done
 
-build() { # crate -> seconds on stdout
+build() { # crate -> "wall-seconds cpu-seconds" on stdout
     rm -rf "$tmp/$1/target"
-    local t0=$EPOCHREALTIME
-    (cd "$tmp/$1" && cargo build -q --offline >/dev/null 2>"$tmp/$1.err") \
+    # CPU time (user + sys of cargo and every rustc and build script it waited for)
+    # moves far less with the machine's load than the wall time does.
+    (cd "$tmp/$1" && /usr/bin/time -f '%e %U %S' -o "$tmp/$1.time" \
+        cargo build -q --offline >/dev/null 2>"$tmp/$1.err") \
         || { cat "$tmp/$1.err" >&2; echo "build of $1 failed" >&2; exit 1; }
-    local t1=$EPOCHREALTIME
-    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
+    # Hundreds of MB of debug artifacts: gone before the next build needs the disk.
+    [ "${KEEP:-0}" = 1 ] || rm -rf "$tmp/$1/target"
+    awk '{ printf "%.2f %.2f\n", $1, $2 + $3 }' "$tmp/$1.time"
 }
 
 : >"$tmp/runs.txt"
@@ -104,8 +110,8 @@ for ((i = 0; i < pairs; i++)); do
     # Alternate which goes first, so neither always builds right after the other.
     if ((i % 2 == 0)); then order="idem cached"; else order="cached idem"; fi
     for c in $order; do
-        s=$(build "$c")
-        echo "build $c pair $i seconds $s" | tee -a "$tmp/runs.txt"
+        read -r wall cpu < <(build "$c")
+        echo "build $c pair $i seconds $wall cpu $cpu" | tee -a "$tmp/runs.txt"
     done
 done
 
@@ -114,9 +120,14 @@ function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
-{ s[$2, $4] = $6; if ($4 + 1 > n) n = $4 + 1 }
+{ s[$2, $4] = $6; u[$2, $4] = $8; if ($4 + 1 > n) n = $4 + 1 }
 END {
-    for (k = 0; k < n; k++) { i[k + 1] = s["idem", k]; c[k + 1] = s["cached", k]; r[k + 1] = s["idem", k] / s["cached", k] }
-    printf "build idem median %.2f s, cached median %.2f s (%d pairs)\n", median(i, n), median(c, n), n
+    for (k = 0; k < n; k++) {
+        i[k + 1] = s["idem", k]; c[k + 1] = s["cached", k]; r[k + 1] = s["idem", k] / s["cached", k]
+        iu[k + 1] = u["idem", k]; cu[k + 1] = u["cached", k]; ru[k + 1] = u["idem", k] / u["cached", k]
+    }
+    printf "build idem median %.2f s (cpu %.2f s), cached median %.2f s (cpu %.2f s), %d pairs\n",
+        median(i, n), median(iu, n), median(c, n), median(cu, n), n
+    printf "ratio build-cost-cpu %.2f\n", median(ru, n)
     printf "ratio build-cost %.2f\n", median(r, n)
 }' "$tmp/runs.txt"
