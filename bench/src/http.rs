@@ -7,7 +7,7 @@
 //! machine alike for every case.
 //!
 //! On a shared machine the bare app's own rate swings by a third from one second to the
-//! next, so one window of each case says little. The cases run in [`ROUNDS`] rounds of
+//! next, so one window of each case says little. The cases run in `ROUNDS` rounds of
 //! one window each, in an order that rotates from round to round (so no case always
 //! follows another). A ratio is the median over rounds of that round's layered rate over
 //! its bare rate: the two windows of a round are seconds apart and see the same machine.

@@ -113,7 +113,9 @@
 //!
 //! # Features
 //!
-//! - `axum`: [`IdempotencyKey`] as an extractor, and `IntoResponse` for [`Problem`].
+//! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
+//!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
+//!   [`tower::Layer`] over [`http`] and [`http_body`] types.
 //! - `metrics`: counts requests by outcome ([`observe`]) through the `metrics` facade,
 //!   beside the runtime's own metrics.
 //!
@@ -144,12 +146,7 @@
 //! on the whole router: an unknown path is then the router's 404 and a wrong method
 //! its 405, and neither uses up a token. (405, like the other rejections before a
 //! handler, is never stored anyway, so it returns the token.)
-//!
-//! # Features
-//!
-//! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
-//!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
-//!   [`tower::Layer`] over [`http`] and [`http_body`] types.
+
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

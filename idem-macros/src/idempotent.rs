@@ -429,6 +429,7 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
         vis,
         sig,
         block,
+        .. // syn 3's `modifiers` (`default fn`): not valid on a free fn, nothing to carry over.
     } = func;
 
     // Locals get mixed-site hygiene: the user's body cannot see or shadow them.

@@ -165,6 +165,7 @@ fn rewrite(func: &ItemFn, given: Given, ret_ty: &Type) -> TokenStream {
         vis,
         sig,
         block,
+        .. // syn 3's `modifiers` (`default fn`): not valid on a free fn, nothing to carry over.
     } = func;
     let import = Private::new(given.krate).import();
     let private = Private::alias();

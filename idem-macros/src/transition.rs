@@ -170,6 +170,7 @@ fn unexpanded(func: &ItemFn) -> TokenStream {
         vis,
         sig,
         block,
+        .. // syn 3's `modifiers` (`default fn`): not valid on a free fn, nothing to carry over.
     } = func;
     let ret = Ident::new("__idem_ret", Span::mixed_site());
     let typed_body = typed_block(&ret, &body_ty, block);
@@ -282,6 +283,7 @@ fn rewrite(func: &ItemFn, checked: Checked, types: StepTypes<'_>) -> TokenStream
         vis,
         sig,
         block,
+        .. // syn 3's `modifiers` (`default fn`): not valid on a free fn, nothing to carry over.
     } = func;
     let import = checked.private.import();
     let private = Private::alias();

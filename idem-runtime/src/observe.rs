@@ -1,6 +1,7 @@
 //! What idem tells operators: one `tracing` span per call, events, and (with the
-//! `metrics` feature) counters and histograms through the [`metrics`] facade, so any
-//! exporter (Prometheus, StatsD, OpenTelemetry, ...) picks them up.
+//! `metrics` feature) counters and histograms through the
+//! [`metrics`](https://docs.rs/metrics) facade, so any exporter (Prometheus, StatsD,
+//! OpenTelemetry, ...) picks them up.
 //!
 //! # The span
 //!
@@ -44,7 +45,8 @@
 //! in-process store ([`MemoryStore`](crate::MemoryStore)) are not timed: they take
 //! nanoseconds, and reading the clock would cost more than the call. Labels are built
 //! once per function and kept, so counting costs a few nanoseconds when no recorder is
-//! installed. [`describe_metrics`] registers each metric's help text with the recorder.
+//! installed. `describe_metrics` (feature `metrics`) registers each metric's help text
+//! with the recorder.
 
 use std::future::Future;
 

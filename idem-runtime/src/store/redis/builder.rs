@@ -93,7 +93,7 @@ impl RedisStoreBuilder {
 
     /// A server to subscribe on for wake-ups, for stores built from a pool (whose
     /// address a pool does not reveal). Without it such a store's waiters poll.
-    /// [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) set it
+    /// [`connect`](Self::connect) and `connect_cluster` (feature `redis-cluster`) set it
     /// themselves.
     ///
     /// ```

@@ -64,8 +64,8 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A database that [`SqlStore::transaction`] runs in: [`sqlx::Postgres`],
-/// [`sqlx::MySql`] or [`sqlx::Sqlite`] (with their cargo features).
+/// A database that [`SqlStore::transaction`] runs in: `sqlx::Postgres`, `sqlx::MySql`
+/// or `sqlx::Sqlite` (with their cargo features; each exists only with its own).
 ///
 /// Sealed: the methods are idem's internals.
 pub trait TxDatabase: sqlx::Database + sealed::Sealed {
