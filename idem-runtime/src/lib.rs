@@ -41,6 +41,40 @@
 //! - [`Store`]: the one trait a backend implements; [`MemoryStore`] is built in. The
 //!   types only a backend's implementor needs live in [`store`].
 //! - [`Error`]: every failure, naming the key's digest, never the key.
+//! - [`call_key`]: inside a claimed body, a downstream idempotency key for the call.
+//!
+//! # Cancellation, leases and results
+//!
+//! What the attribute (and the direct API) does when a call is cut short or misused:
+//!
+//! - **A call dropped before its body returned** (a `timeout`, a `select!`, an aborted
+//!   task) gives its claim back at once, so a retry runs. A claim still in flight when
+//!   the call is dropped is finished in the background and given back: the key is never
+//!   left held for a lease by a call that is gone.
+//! - **A call dropped after its body returned** never gives the key back: its effect
+//!   has happened. The completion is finished in the background (retried on a store
+//!   error, as when the store fails after the body), and duplicates wait for it and
+//!   replay it.
+//! - **An effect in flight when a body is dropped** (a statement sent, a gateway
+//!   called) may still land after the release, beside the retry. Pass [`call_key`] to
+//!   the downstream API so that it deduplicates the retry, or commit the effect with the
+//!   record (transactional mode).
+//! - **The lease is renewed by a heartbeat polled with an async body**, every third of
+//!   the lease. A body that blocks its thread (`std::thread::sleep`, blocking I/O)
+//!   stops the heartbeat and may lose its lease, after which a duplicate can run beside
+//!   it: run blocking work in `tokio::task::spawn_blocking` and await it. A lease below
+//!   [`MIN_LEASE`] (100 ms) is refused, since the heartbeat could not keep it.
+//! - **A function that calls itself with its own key** (directly or through other
+//!   idempotent functions, in one task) would wait for itself: the inner call fails at
+//!   once with [`Error::InProgress`] (lock: [`Error::Locked`]), and an error is logged.
+//!   A call made from another task (`tokio::spawn`) cannot be told from a real twin
+//!   and waits as one.
+//! - **A result that does not serialize** is recorded as done without a value: its
+//!   first caller gets its `Ok`, later callers [`Error::Duplicate`] (the body never runs
+//!   again). **A result that serializes but does not deserialize** (a field skipped on
+//!   the way out and required on the way in, say) is caught before it is stored: the key
+//!   is recorded the same way, and its first caller gets [`Error::Codec`], so the fault
+//!   shows at once instead of as a codec error on every replay.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -65,7 +99,9 @@ pub use error::{BoxError, Error};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
 pub use key::Key;
-pub use options::{DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, OnDuplicate, Options, Strategy};
+pub use options::{
+    DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, MIN_LEASE, OnDuplicate, Options, Strategy,
+};
 pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
@@ -79,6 +115,7 @@ pub use store::redis::RedisStore;
 pub use store::sql::SqlStore;
 pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
+pub use strategy::call_ctx::call_key;
 pub use strategy::lock::fence;
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

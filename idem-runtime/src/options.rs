@@ -66,6 +66,33 @@ pub(crate) struct CallKeys(pub(crate) [metrics::Key; 8]);
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default in-progress lease; renewed while the body runs.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest in-progress lease a call accepts: 100 ms.
+///
+/// While the body runs, its lease is renewed every third of it, from a timer polled
+/// with the body. Below about a tenth of a second that heartbeat cannot keep up: a
+/// timer tick, a store round trip and a busy executor take a good part of the period,
+/// the lease ends between two renewals, a twin takes the key over, and the body runs
+/// twice at once. So a shorter lease is refused rather than silently turning
+/// deduplication off: `#[idempotent(lease = "...")]` refuses it at compile time, and
+/// a call whose [`Options`] were given one (the direct API, options built at run time)
+/// fails with [`Error::Config`](crate::Error::Config) before it claims anything.
+///
+/// The lease only decides how soon the key of a crashed holder is taken over, so the
+/// floor costs nothing in normal operation.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Error, Idem, MIN_LEASE, Options};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert_eq!(MIN_LEASE, Duration::from_millis(100));
+/// static TOO_SHORT: Options = Options::dedup("shop::charge").lease(Duration::from_millis(1));
+/// let idem = Idem::builder().build();
+/// let r = idem.dedup(&TOO_SHORT, "order-1", async { Ok::<u8, Error>(1) }).await;
+/// assert!(matches!(r, Err(Error::Config(_))));
+/// # }
+/// ```
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// Default time a duplicate waits for its in-flight twin (or for the lock).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
@@ -120,15 +147,31 @@ impl Options {
         self
     }
 
-    /// The in-progress lease. Renewed every third of it while the body runs, so it only
-    /// decides how soon a crashed holder's key is taken over. Zero is treated as 1 ms.
+    /// The in-progress lease. Renewed every third of it while an async body runs, so it
+    /// only decides how soon a crashed holder's key is taken over.
+    ///
+    /// At least [`MIN_LEASE`] (100 ms): a call with a shorter lease (zero included)
+    /// fails with [`Error::Config`](crate::Error::Config) before it claims anything,
+    /// since its heartbeat could not keep it. Kept as given here, so that options built
+    /// in a `static` stay a `const` expression.
     pub const fn lease(mut self, lease: Duration) -> Self {
-        self.lease = if lease.is_zero() {
-            Duration::from_millis(1)
-        } else {
-            lease
-        };
+        self.lease = lease;
         self
+    }
+
+    /// [`Error::Config`](crate::Error::Config) if the lease is below [`MIN_LEASE`].
+    /// Checked by every call before it claims: one comparison.
+    #[inline]
+    pub(crate) fn check_lease(&self) -> Result<(), crate::Error> {
+        if self.lease >= MIN_LEASE {
+            return Ok(());
+        }
+        Err(crate::Error::Config(format!(
+            "{}: a lease of {:?} is below idem_runtime::MIN_LEASE ({:?}); the heartbeat \
+             that renews it every third of it could not keep it, and duplicates would run \
+             at once",
+            self.name, self.lease, MIN_LEASE
+        )))
     }
 
     /// How long a duplicate waits for its twin (dedup, token) or for the lock; zero fails

@@ -26,13 +26,13 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// subscriptions that the uncontended path (a new key, a replay) never needs, and
 /// keeping them out of the caller's future keeps that future small and cheap to move.
 pub(crate) async fn claim(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
 ) -> Result<(Option<ClaimOutcome>, bool), Error> {
-    let local = store.local().is_some();
-    match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
+    match claim_once(store, key, req).await? {
+        ClaimOutcome::Busy { .. } if calls_itself(key) => Ok((None, false)),
         ClaimOutcome::Busy {
             retry_in,
             fingerprint,
@@ -47,7 +47,7 @@ pub(crate) async fn claim(
 /// [`claim`] through the store's in-process fast path when it has one ([`Store::local`]):
 /// no boxed future, and a completed record comes with the decoded value kept beside it.
 pub(crate) async fn claim_memo(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
@@ -57,6 +57,7 @@ pub(crate) async fn claim_memo(
         return Ok((outcome, None, waited));
     };
     match local.claim_now(key, req)? {
+        (ClaimOutcome::Busy { .. }, _) if calls_itself(key) => Ok((None, None, false)),
         (
             ClaimOutcome::Busy {
                 retry_in,
@@ -71,6 +72,21 @@ pub(crate) async fn claim_memo(
     }
 }
 
+/// Whether the busy `key` is held by a body running in this very task: a function that
+/// calls itself with its own key. Waiting would only wait for itself, so the call fails
+/// at once (as a busy key whose wait ran out), and says why.
+fn calls_itself(key: &Key) -> bool {
+    let held = super::call_ctx::held_here(key);
+    if held {
+        tracing::error!(
+            %key,
+            "a call with this key is already running in this task (the function calls \
+             itself with its own key); failing at once instead of waiting for itself"
+        );
+    }
+    held
+}
+
 /// Waits up to `wait` while another owner holds `key`, claiming again whenever it may
 /// have changed. `retry_in` and `fingerprint` are from the `Busy` answer just received.
 ///
@@ -78,7 +94,7 @@ pub(crate) async fn claim_memo(
 /// the claim and the subscription is not missed; then the caller sleeps until the
 /// subscription fires, the holder's lease ends, or the deadline passes, whichever is first.
 async fn wait_busy(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
@@ -92,14 +108,13 @@ async fn wait_busy(
 }
 
 async fn wait_loop(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     key: &Key,
     req: &ClaimRequest,
     deadline: Instant,
     mut retry_in: Duration,
     mut fingerprint: Option<Fingerprint>,
 ) -> Result<Option<ClaimOutcome>, Error> {
-    let local = store.local().is_some();
     let mut sub: Option<Subscription> = None;
     let mut poll = POLL_MIN;
     loop {
@@ -120,14 +135,13 @@ async fn wait_loop(
                 } else {
                     // Subscribed: look again before sleeping, the twin may have just ended.
                     sub = Some(s);
-                    (retry_in, fingerprint) =
-                        match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
-                            ClaimOutcome::Busy {
-                                retry_in,
-                                fingerprint,
-                            } => (retry_in, fingerprint),
-                            other => return Ok(Some(other)),
-                        };
+                    (retry_in, fingerprint) = match claim_once(store, key, req).await? {
+                        ClaimOutcome::Busy {
+                            retry_in,
+                            fingerprint,
+                        } => (retry_in, fingerprint),
+                        other => return Ok(Some(other)),
+                    };
                     continue;
                 }
             }
@@ -149,15 +163,146 @@ async fn wait_loop(
         if never {
             sub = Some(Subscription::never());
         }
-        (retry_in, fingerprint) =
-            match observe::store_call(local, Op::Claim, store.claim(key, req)).await? {
-                ClaimOutcome::Busy {
-                    retry_in,
-                    fingerprint,
-                } => (retry_in, fingerprint),
-                other => return Ok(Some(other)),
-            };
+        (retry_in, fingerprint) = match claim_once(store, key, req).await? {
+            ClaimOutcome::Busy {
+                retry_in,
+                fingerprint,
+            } => (retry_in, fingerprint),
+            other => return Ok(Some(other)),
+        };
     }
+}
+
+/// One claim round trip that a dropped call cannot strand.
+///
+/// A remote store's server applies a claim once the request has left, whether or not
+/// anyone reads the answer. A call cancelled mid round trip (a `timeout`, a `select!`)
+/// would leave a key claimed by nobody for a whole lease, so the claim runs as a future
+/// of its own: dropped before its answer, it is finished in the background, and what it
+/// took is given back. Releasing only after the answer, rather than at once, keeps the
+/// release from overtaking the claim on another connection (or in a later batch).
+///
+/// An in-process store answers on the first poll, so nothing is ever in flight there:
+/// its claim is awaited directly, at no cost.
+async fn claim_once(
+    store: &Arc<dyn Store>,
+    key: &Key,
+    req: &ClaimRequest,
+) -> Result<ClaimOutcome, Error> {
+    if store.local().is_some() {
+        return observe::store_call(true, Op::Claim, store.claim(key, req)).await;
+    }
+    let (s, k, r) = (store.clone(), *key, req.clone());
+    let sent: BoxFuture<'static, Result<ClaimOutcome, Error>> =
+        Box::pin(async move { s.claim(&k, &r).await });
+    let (store, key, owner) = (store.clone(), *key, req.owner);
+    let claim = Finishing::new(sent, move |answer| {
+        if matches!(
+            answer,
+            Ok(ClaimOutcome::Claimed { .. }) | Err(Error::Store(_))
+        ) {
+            drop(ClaimGuard::new(store, key, owner));
+        }
+    });
+    observe::store_call(false, Op::Claim, claim).await
+}
+
+/// A store call owned by its future that must reach its end even if that future is
+/// dropped: dropped before the call answered, the call is moved to a task of its own and
+/// `then` gets its answer there. Awaited to its end, `then` is not called.
+pub(crate) struct Finishing<T: Send + 'static, G: FnOnce(T) + Send + Unpin + 'static> {
+    call: Option<BoxFuture<'static, T>>,
+    then: Option<G>,
+}
+
+impl<T: Send + 'static, G: FnOnce(T) + Send + Unpin + 'static> Finishing<T, G> {
+    pub(crate) fn new(call: BoxFuture<'static, T>, then: G) -> Self {
+        Finishing {
+            call: Some(call),
+            then: Some(then),
+        }
+    }
+}
+
+impl<T: Send + 'static, G: FnOnce(T) + Send + Unpin + 'static> Future for Finishing<T, G> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(call) = this.call.as_mut() else {
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(call.as_mut().poll(cx));
+        this.call = None;
+        this.then = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T: Send + 'static, G: FnOnce(T) + Send + Unpin + 'static> Drop for Finishing<T, G> {
+    fn drop(&mut self) {
+        let (Some(call), Some(then)) = (self.call.take(), self.then.take()) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { then(call.await) });
+            }
+            Err(_) => tracing::warn!(
+                "a store call was dropped outside a tokio runtime before it answered; \
+                 its claim ends with its lease"
+            ),
+        }
+    }
+}
+
+/// Completes (`Some((value, ttl))`) or releases (`None`) a claim whose body has returned.
+///
+/// The body's effect has happened, so from here a cancelled call must never give the key
+/// back to run again: on a remote store the step is a [`Finishing`] call, which a drop
+/// lets finish in the background (and a store error there is retried as
+/// [`retry_settle`] does). An in-process store answers at once, so it is called directly.
+pub(crate) async fn settle(
+    store: &Arc<dyn Store>,
+    key: Key,
+    owner: Owner,
+    settle: Option<(Bytes, Duration)>,
+) -> Result<bool, Error> {
+    let op = if settle.is_some() {
+        Op::Complete
+    } else {
+        Op::Release
+    };
+    if store.local().is_some() {
+        let done = match settle {
+            Some((value, ttl)) => store.complete(&key, owner, value, ttl),
+            None => store.release(&key, owner),
+        };
+        return observe::store_call(true, op, done).await;
+    }
+    // A second handle on the value, for a retry after a drop (a remote round trip
+    // dwarfs the one allocation it may cost).
+    let again = settle.clone();
+    let s = store.clone();
+    let sent: BoxFuture<'static, Result<bool, Error>> = Box::pin(async move {
+        match settle {
+            Some((value, ttl)) => s.complete(&key, owner, value, ttl).await,
+            None => s.release(&key, owner).await,
+        }
+    });
+    let store = store.clone();
+    let call = Finishing::new(sent, move |done: Result<bool, Error>| match done {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            %key,
+            "the claim was lost before the result of a cancelled call was recorded"
+        ),
+        Err(e) => {
+            tracing::warn!(%key, error = %e, "recording the result of a cancelled call failed; retrying");
+            retry_settle(store, key, owner, again);
+        }
+    });
+    observe::store_call(false, op, call).await
 }
 
 /// Gives a claim back when dropped while armed: the call was cancelled (its future

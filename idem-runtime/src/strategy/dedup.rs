@@ -11,11 +11,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::claim::{ClaimGuard, claim_memo, retry_settle, undo_uncertain_claim, with_heartbeat};
+use super::call_ctx;
+use super::claim::{
+    ClaimGuard, claim_memo, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
+};
 use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
-use crate::observe::{self, Op, Outcome};
+use crate::observe::{self, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Memo, Owner, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
@@ -74,10 +77,14 @@ where
     F: Future<Output = Result<T, E>>,
 {
     async move {
+        if let Err(e) = opts.check_lease() {
+            observe::failed(opts, &key, &e);
+            return Err(e.into());
+        }
         let owner = Owner::next();
         let claimed = {
             let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
-            claim_memo(&**idem.store(), &key, &req, opts.wait).await
+            claim_memo(idem.store(), &key, &req, opts.wait).await
         };
         if let Some(answered) =
             answer::<C, T, E>(idem.store(), opts, key, owner, fingerprint, reuse, claimed)
@@ -172,23 +179,22 @@ where
 {
     async move {
         let store = idem.store();
-        // From here until the record is completed or released, a drop (cancellation or panic)
-        // releases the claim.
+        // While the body runs, a drop (cancellation or panic) releases the claim: the
+        // body stopped before its end, and a retry must be able to run it.
         let mut guard = ClaimGuard::new(store.clone(), key, owner);
-        let (result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
-        let local = store.local().is_some();
+        let body = call_ctx::scope(key, true, body);
+        let (mut result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
+        // The body has returned, so its effect has happened: from here a drop never
+        // releases. The completion (or the release an `Err` asks for) is finished in
+        // the background instead (see `settle`).
+        guard.disarm();
         // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
         // the rare failed call encodes them again below.
-        let bytes = record::<C, T, E>(&key, &result, true);
+        let mut marked = false;
+        let bytes = record::<C, T, E>(&key, &result, true)
+            .map(|bytes| replayable::<C, T, E>(&key, bytes, &mut result, &mut marked));
         let completing = bytes.is_some();
-        let outcome = match bytes {
-            Some(bytes) => {
-                let done = store.complete(&key, owner, bytes, opts.ttl);
-                observe::store_call(local, Op::Complete, done).await
-            }
-            None => observe::store_call(local, Op::Release, store.release(&key, owner)).await,
-        };
-        guard.disarm();
+        let outcome = settle(store, key, owner, bytes.map(|b| (b, opts.ttl))).await;
         match outcome {
             Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
             Ok(false) => {
@@ -203,15 +209,56 @@ where
                 idem.count_store_failure();
                 tracing::warn!(%key, error = %e, "could not record the result; retrying in the background");
                 // Encoding the same result again gives the same record (and should it not,
-                // the marker still keeps the key from running again).
+                // the marker still keeps the key from running again). A result that
+                // did not decode back was replaced by an error: its marker is kept.
                 let settle = completing.then(|| {
-                    let bytes = record::<C, T, E>(&key, &result, false);
+                    let bytes = (!marked)
+                        .then(|| record::<C, T, E>(&key, &result, false))
+                        .flatten();
                     (bytes.unwrap_or_else(|| completed_marker(&key)), opts.ttl)
                 });
                 retry_settle(store.clone(), key, owner, settle);
             }
         }
         result
+    }
+}
+
+/// `bytes` if they decode back (into the result, or into a marker's `Duplicate`);
+/// otherwise a marker (and `marked` is set), and `result` becomes the [`Error::Codec`] that a replay would
+/// have met.
+///
+/// A value that serializes but does not deserialize (a field skipped on the way out
+/// and required on the way in, a float the format cannot carry) would otherwise be
+/// stored and answer every duplicate with a codec error for the whole ttl. The body's
+/// effect has happened, so the key is not released (a retry would run it again): it is
+/// recorded as done without a value, and its first caller learns of the fault at once.
+fn replayable<C, T, E>(
+    key: &Key,
+    bytes: Bytes,
+    result: &mut Result<T, E>,
+    marked: &mut bool,
+) -> Bytes
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+{
+    match C::decode_shared(key, &bytes) {
+        Ok(_) | Err(Error::Duplicate { .. }) => bytes,
+        Err(e) => {
+            tracing::error!(%key, error = %e, "the result does not decode back; storing a marker");
+            *result = Err(Error::Codec {
+                key: *key,
+                message: format!(
+                    "the body ran, but its result does not deserialize from what it \
+                     serialized to, so it cannot be replayed; the key is recorded as done \
+                     without a value ({e})"
+                ),
+            }
+            .into());
+            *marked = true;
+            completed_marker(key)
+        }
     }
 }
 

@@ -6,8 +6,9 @@ use std::future::Future;
 
 use std::ops::Deref;
 
-use super::claim::{ClaimGuard, claim, retry_settle, undo_uncertain_claim, with_heartbeat};
-use crate::observe::{self, Op, Outcome};
+use super::call_ctx;
+use super::claim::{ClaimGuard, claim, retry_settle, settle, undo_uncertain_claim, with_heartbeat};
+use crate::observe::{self, Outcome};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
 use std::fmt;
@@ -63,10 +64,14 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
+    if let Err(e) = opts.check_lease() {
+        observe::failed(opts, &key, &e);
+        return Err(e.into());
+    }
     let store = idem.store();
     let owner = Owner::next();
     let req = ClaimRequest::new(ClaimKind::Lock, owner, opts.lease);
-    let claimed = claim(&**store, &key, &req, opts.wait)
+    let claimed = claim(store, &key, &req, opts.wait)
         .await
         .inspect_err(|e| undo_uncertain_claim(store, key, owner, e));
     let fence = match claimed {
@@ -90,11 +95,19 @@ where
         }
     };
     let mut guard = ClaimGuard::new(store.clone(), key, owner);
-    let (result, lost) =
-        with_heartbeat(&**store, &key, owner, opts.lease, FENCE.scope(fence, body)).await;
-    let local = store.local().is_some();
-    let released = observe::store_call(local, Op::Release, store.release(&key, owner)).await;
+    let (result, lost) = with_heartbeat(
+        &**store,
+        &key,
+        owner,
+        opts.lease,
+        FENCE.scope(fence, call_ctx::scope(key, false, body)),
+    )
+    .await;
+    // A lock stores nothing, so giving it back early after the body would be harmless;
+    // the unlock is still finished in the background like a completion, so a dropped
+    // call's unlock is sent once, in order.
     guard.disarm();
+    let released = settle(store, key, owner, None).await;
     match released {
         Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
         Ok(false) => {

@@ -13,6 +13,7 @@
 //! | [`bloom`] | a pre-filter for message ids that never drops a new one |
 
 pub mod bloom;
+pub(crate) mod call_ctx;
 pub(crate) mod claim;
 pub mod dedup;
 pub mod lock;

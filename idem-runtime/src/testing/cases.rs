@@ -2,6 +2,7 @@
 
 use super::*;
 
+mod cancel;
 mod dedup;
 mod inspect;
 mod lease;

@@ -151,6 +151,7 @@ where
     C: Codec<T, E>,
     X: TxConn + ?Sized,
 {
+    opts.check_lease()?;
     let store = runtime_store
         .as_any()
         .and_then(|s| s.downcast_ref::<SqlStore>())
