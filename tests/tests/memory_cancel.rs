@@ -63,6 +63,24 @@ async fn a_lease_below_the_floor_is_refused_before_any_claim() {
 /// A body that calls its own function with its own key would wait for itself until
 /// `wait` runs out (an hour here): it fails at once with `InProgress` instead, also
 /// through another function in between. Another key nests normally.
+/// The attribute refuses a lease under 100 ms at compile time (`short_lease` UI case,
+/// `MIN_LEASE_MS` in idem-macros); the runtime refuses the same floor at run time. The
+/// attribute's shortest accepted lease must run, and the two floors must be one.
+#[idem_runtime::idempotent(key = "floor:{n}", lease = "100ms")]
+async fn at_the_attribute_floor(n: u32) -> Result<u32, Error> {
+    Ok(n)
+}
+
+#[tokio::test]
+async fn the_attribute_floor_is_the_runtime_floor() {
+    assert_eq!(
+        MIN_LEASE,
+        Duration::from_millis(100),
+        "change MIN_LEASE_MS in idem-macros too"
+    );
+    assert_eq!(idem().scope(at_the_attribute_floor(7)).await.unwrap(), 7);
+}
+
 #[tokio::test]
 async fn a_call_with_its_own_key_inside_its_body_fails_at_once() {
     static OUTER: Options = Options::dedup("cancel::outer").wait(Duration::from_secs(3600));
