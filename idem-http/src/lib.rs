@@ -163,13 +163,21 @@ mod record;
 mod scope;
 mod service;
 mod token;
+#[cfg(feature = "webhooks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
+mod webhook;
 
 pub use body::{RequestBody, ResponseBody};
-pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use key::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN, WEBHOOK_ID,
+};
 pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, IdempotencyLayer, stored_by_default,
+    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, DEFAULT_WEBHOOK_TOLERANCE, DEFAULT_WEBHOOK_WAIT,
+    IdempotencyLayer, stored_by_default,
 };
 pub use problem::{Problem, ReleaseKey};
 pub use service::{Idempotency, ResponseFuture};
 pub use token::issue_token;
+#[cfg(feature = "webhooks")]
+pub use webhook::SecretError;
