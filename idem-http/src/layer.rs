@@ -193,7 +193,7 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Webhook mode: verifies Standard Webhooks signatures with this endpoint secret
+    /// Verifies Standard Webhooks signatures (meant for webhook mode) with this secret
     /// (`whsec_` then the key in base64), before the event id is claimed. A delivery
     /// whose `webhook-signature` holds no valid `v1,` HMAC-SHA256 of
     /// `{webhook-id}.{webhook-timestamp}.{body}`, or whose timestamp is further than

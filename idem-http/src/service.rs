@@ -294,11 +294,10 @@ where
             Err(p) => return Ok(problem(layer, p)),
         };
         // Signed webhooks are checked before their id is claimed: a forged delivery
-        // must neither run nor hold the id of the real one.
+        // must neither run nor hold the id of the real one. (Whatever the mode: a
+        // secret that was set is never skipped.)
         #[cfg(feature = "webhooks")]
-        if let Some(secret) = &layer.secret
-            && layer.mode == Mode::Webhooks
-        {
+        if let Some(secret) = &layer.secret {
             let id = parts
                 .headers
                 .get(&layer.id_header)

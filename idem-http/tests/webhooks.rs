@@ -27,6 +27,7 @@ on_every_store!(
     a_5xx_releases_the_event_so_the_retry_runs,
     a_bad_signature_is_401_and_not_stored,
     a_stale_timestamp_is_401,
+    senders_named_by_scope_have_ids_of_their_own,
 );
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -230,4 +231,32 @@ fn a_malformed_secret_is_refused_at_configuration() {
         .signing_secret("whsec_***")
         .unwrap_err();
     assert_eq!(e, SecretError::Base64);
+}
+
+async fn senders_named_by_scope_have_ids_of_their_own(b: Backend) {
+    let layer = IdempotencyLayer::webhooks(idem(b, "hook-senders").await).scope(|parts| {
+        let sender = parts.headers.get("x-sender")?;
+        sender.to_str().ok().map(str::to_owned)
+    });
+    let (base, hook) = endpoint(layer).await;
+    let c = client();
+    let from = |sender: &'static str| {
+        c.post(format!("{base}/hooks"))
+            .header("webhook-id", "msg_1")
+            .header("x-sender", sender)
+            .body("{}")
+            .send()
+    };
+    let a = Answer::of(from("billing").await.unwrap()).await;
+    let b2 = Answer::of(from("shipping").await.unwrap()).await;
+    let again = Answer::of(from("billing").await.unwrap()).await;
+    assert_eq!(
+        (a.replayed(), b2.replayed(), again.replayed()),
+        (false, false, true)
+    );
+    assert_eq!(
+        hook.runs.load(Ordering::SeqCst),
+        2,
+        "one run per sender's event"
+    );
 }
