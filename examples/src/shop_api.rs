@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run -p idem-examples --bin shop_api -- --listen 127.0.0.1:8080 \
-//!     [--store URL] [--ledger postgres://...] [--namespace NAME]
+//!     [--store URL] [--ledger postgres://...] [--namespace NAME] [--webhook-secret whsec_...]
 //! ```
 //!
 //! Routes:
@@ -16,6 +16,13 @@
 //! - `GET /token`, then `POST /pay` with the token as its `Idempotency-Key`: the same
 //!   payment in token mode (a token pays once). Tokens live 30 s, and the route issues
 //!   at most 200 a second (429 past that), so at most about 6,000 are alive at once.
+//! - `POST /webhooks/payments`: a payment provider's webhook, in webhook mode. The
+//!   sender's `webhook-id` is the key, so its redeliveries run the handler once: a
+//!   delivery of an event still running waits for it (up to 30 s) and gets its 200, a
+//!   completed one gets the stored 200, and a 5xx (the ledger down) lets the sender's
+//!   retry run. With `--webhook-secret whsec_...` every delivery must carry a valid
+//!   Standard Webhooks signature (`webhook-timestamp` within 5 minutes): others are
+//!   401 and never claim the event.
 //!
 //! The layers sit on the routes that use them (`route_layer`), not on the router: an
 //! unknown path is 404 and a wrong method 405, and neither uses up a token.
@@ -27,7 +34,8 @@
 //! every run of a payment handler also inserts one row into the table
 //! `shop_payments(payment_id, idempotency_key, order_id, cents)` (created if absent, no
 //! unique constraint), with the key as the client sent it, so runs can be counted from
-//! outside.
+//! outside. Every run of the webhook handler inserts one row into
+//! `shop_webhook_events(event_id, run_id, payload)` (no unique constraint either).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -41,23 +49,25 @@ use axum::http::{HeaderMap, StatusCode, header, request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem_http::{IDEMPOTENCY_KEY, IdempotencyLayer};
+use idem_http::{IDEMPOTENCY_KEY, IdempotencyLayer, WEBHOOK_ID};
 use idem_runtime::Idem;
 use idem_runtime::store::sql::sqlx;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 
-const USAGE: &str = "usage: shop_api [--listen ADDR] [--store URL] [--ledger postgres://...] [--namespace NAME]
+const USAGE: &str = "usage: shop_api [--listen ADDR] [--store URL] [--ledger postgres://...] [--namespace NAME] [--webhook-secret whsec_...]
   --listen ADDR     where to serve (default 127.0.0.1:8080)
   --store URL       memory (default), redis://host:port/db, postgres://..., mysql://..., sqlite://path?mode=rwc
   --ledger URL      PostgreSQL database to record every handler run in (table shop_payments)
-  --namespace NAME  the idempotency namespace (default shop_api)";
+  --namespace NAME  the idempotency namespace (default shop_api)
+  --webhook-secret whsec_...  verify Standard Webhooks signatures on POST /webhooks/payments";
 
 struct Args {
     listen: SocketAddr,
     store: String,
     ledger: Option<String>,
     namespace: String,
+    webhook_secret: Option<String>,
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -66,6 +76,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         store: "memory".into(),
         ledger: None,
         namespace: "shop_api".into(),
+        webhook_secret: None,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -79,6 +90,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--store" => a.store = value()?,
             "--ledger" => a.ledger = Some(value()?),
             "--namespace" => a.namespace = value()?,
+            "--webhook-secret" => a.webhook_secret = Some(value()?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -161,6 +173,38 @@ async fn pay(
         .into_response()
 }
 
+/// A payment provider's event: runs once per `webhook-id`, however often it is
+/// delivered (the layer replays the stored 200 to redeliveries).
+async fn payment_event(
+    State(shop): State<Arc<Shop>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let event_id = headers
+        .get(WEBHOOK_ID)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let run_id = shop.next_id();
+    if let Some(pool) = &shop.ledger {
+        let inserted = sqlx::query(
+            "INSERT INTO shop_webhook_events (event_id, run_id, payload) VALUES ($1, $2, $3)",
+        )
+        .bind(&event_id)
+        .bind(&run_id)
+        .bind(&body)
+        .execute(pool)
+        .await;
+        if let Err(e) = inserted {
+            tracing::error!(error = %e, "ledger insert failed");
+            // A 5xx releases the event: the sender's retry runs the handler again.
+            return (StatusCode::SERVICE_UNAVAILABLE, "ledger unavailable, retry").into_response();
+        }
+    }
+    let answer =
+        serde_json::json!({ "event_id": event_id, "run_id": run_id, "status": "processed" });
+    (StatusCode::OK, Json(answer)).into_response()
+}
+
 /// The account a request speaks for: here its bearer token. (A real API would look the
 /// token up, or read the account an authentication layer put in the extensions.)
 fn account(parts: &request::Parts) -> Option<String> {
@@ -169,7 +213,12 @@ fn account(parts: &request::Parts) -> Option<String> {
 }
 
 /// The routes; more can be merged in (metrics, admin) without touching these.
-fn router(idem: Idem, shop: Arc<Shop>, metrics: PrometheusHandle) -> Router {
+fn router(
+    idem: Idem,
+    shop: Arc<Shop>,
+    metrics: PrometheusHandle,
+    hooks: IdempotencyLayer,
+) -> Router {
     let keys = IdempotencyLayer::new(idem.clone()).scope(account);
     let tokens = IdempotencyLayer::tokens(idem)
         .token_ttl(Duration::from_secs(30))
@@ -180,6 +229,7 @@ fn router(idem: Idem, shop: Arc<Shop>, metrics: PrometheusHandle) -> Router {
         .route("/payments", post(pay).route_layer(keys))
         .route("/token", tokens.token_route())
         .route("/pay", post(pay).route_layer(tokens))
+        .route("/webhooks/payments", post(payment_event).route_layer(hooks))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(move || scrape(metrics.clone())))
         .with_state(shop)
@@ -203,6 +253,12 @@ async fn ledger(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS shop_payments \
          (payment_id TEXT, idempotency_key TEXT, order_id BIGINT, cents BIGINT)",
+    )
+    .execute(&pool)
+    .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS shop_webhook_events \
+         (event_id TEXT, run_id TEXT, payload TEXT)",
     )
     .execute(&pool)
     .await?;
@@ -257,6 +313,18 @@ async fn main() -> ExitCode {
         .shared_store(store)
         .namespace(args.namespace.clone())
         .build();
+    // A malformed secret stops the server here rather than failing every delivery.
+    let hooks = IdempotencyLayer::webhooks(idem.clone());
+    let hooks = match &args.webhook_secret {
+        None => hooks,
+        Some(secret) => match hooks.signing_secret(secret) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("shop_api: --webhook-secret: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let ledger = match &args.ledger {
         None => None,
         Some(url) => match ledger(url).await {
@@ -285,7 +353,7 @@ async fn main() -> ExitCode {
     let addr = listener.local_addr().map_or(args.listen, |a| a);
     // The first line on stdout says where it listens (useful with port 0).
     println!("shop_api listening on http://{addr} (store {})", args.store);
-    let served = axum::serve(listener, router(idem, shop, metrics))
+    let served = axum::serve(listener, router(idem, shop, metrics, hooks))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

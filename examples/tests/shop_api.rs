@@ -266,3 +266,73 @@ async fn unknown_paths_are_404_and_leave_tokens_alone() {
         "the token was still unused"
     );
 }
+
+/// `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">` under a `whsec_` secret, as
+/// Standard Webhooks senders sign.
+fn sign(secret: &str, id: &str, ts: u64, body: &str) -> String {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use hmac::{KeyInit, Mac};
+    let key = STANDARD
+        .decode(secret.strip_prefix("whsec_").expect("whsec_ prefix"))
+        .expect("base64 secret");
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("any key length");
+    mac.update(format!("{id}.{ts}.{body}").as_bytes());
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+}
+
+#[tokio::test]
+async fn webhook_redeliveries_run_once_and_forgeries_are_401() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let ns = unique("shop-api-hooks");
+    let server = serve(&[
+        "--ledger",
+        PG,
+        "--namespace",
+        &ns,
+        "--webhook-secret",
+        SECRET,
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let event = unique("evt");
+    let body = r#"{"type":"payment.succeeded","order":7}"#;
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let deliver = |secret: &'static str| {
+        client
+            .post(format!("{}/webhooks/payments", server.base))
+            .header("webhook-id", &event)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sign(secret, &event, ts, body))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    // A forgery first: 401, and it does not claim the event.
+    let forged = deliver("whsec_c2VjcmV0LW9mLXNvbWVvbmUtZWxzZQ==")
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+
+    // Five deliveries at once, as a sender retrying a slow endpoint: one run, all 200.
+    let answers = futures_util::future::join_all((0..5).map(|_| deliver(SECRET))).await;
+    let mut bodies = Vec::new();
+    for a in answers {
+        let a = a.unwrap();
+        assert_eq!(a.status(), 200);
+        bodies.push(a.text().await.unwrap());
+    }
+    assert!(bodies.iter().all(|b| *b == bodies[0]), "{bodies:?}");
+
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let (rows,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM shop_webhook_events WHERE event_id = $1")
+            .bind(&event)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, 1, "the handler ran once for the event");
+}

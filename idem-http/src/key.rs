@@ -9,6 +9,10 @@ use http::header::HeaderName;
 /// The header's name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
+/// The Standard Webhooks event id header, the key in
+/// [`IdempotencyLayer::webhooks`](crate::IdempotencyLayer::webhooks) mode.
+pub const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+
 /// The header set on every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -63,7 +67,15 @@ impl IdempotencyKey {
     /// The key in `headers`: `Ok(None)` when there is none, an error when it is
     /// malformed or there are several.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
-        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        IdempotencyKey::from_header(headers, &IDEMPOTENCY_KEY)
+    }
+
+    /// The key in header `name` (webhook mode reads the sender's event id this way).
+    pub(crate) fn from_header(
+        headers: &HeaderMap,
+        name: &HeaderName,
+    ) -> Result<Option<IdempotencyKey>, KeyError> {
+        let mut values = headers.get_all(name).iter();
         let Some(value) = values.next() else {
             return Ok(None);
         };

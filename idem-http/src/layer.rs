@@ -8,6 +8,7 @@ use http::header::{CONTENT_TYPE, ETAG, HeaderName, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode, request};
 use idem_runtime::{Idem, OnDuplicate, Options};
 
+use crate::key::{IDEMPOTENCY_KEY, WEBHOOK_ID};
 use crate::scope::Scope;
 use crate::token::TokenLimit;
 
@@ -26,6 +27,15 @@ pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
 /// process, so at most about 30,000 tokens are alive at once with the default lifetime.
 pub const DEFAULT_TOKEN_LIMIT: (u32, Duration) = (1000, Duration::from_secs(1));
 
+/// Default wait of a duplicate delivery for its in-flight twin in webhook mode: 30 s.
+/// Senders retry what they do not get a 2xx for, so answering 409 at once only brings
+/// the event back again.
+pub const DEFAULT_WEBHOOK_WAIT: Duration = Duration::from_secs(30);
+
+/// Default tolerance of a webhook's `webhook-timestamp` against this server's clock: 5
+/// minutes either way, as the Standard Webhooks reference libraries.
+pub const DEFAULT_WEBHOOK_TOLERANCE: Duration = Duration::from_secs(300);
+
 /// Default bound on a buffered request body: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on a stored response body: 1 MiB.
@@ -38,6 +48,8 @@ type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 pub(crate) enum Mode {
     Keys,
     Tokens,
+    /// Key mode on a sender's event id (`webhook-id`), with signatures checked first.
+    Webhooks,
 }
 
 /// A [`tower::Layer`] that makes the requests it wraps idempotent by their
@@ -78,6 +90,11 @@ pub struct IdempotencyLayer {
     pub(crate) detached_timeout: Duration,
     pub(crate) token_ttl: Duration,
     pub(crate) token_limit: Arc<TokenLimit>,
+    pub(crate) id_header: HeaderName,
+    #[cfg(feature = "webhooks")]
+    pub(crate) secret: Option<crate::webhook::Secret>,
+    #[cfg(feature = "webhooks")]
+    pub(crate) tolerance: Duration,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -99,7 +116,8 @@ impl fmt::Debug for IdempotencyLayer {
             .field("detached_timeout", &self.detached_timeout)
             .field("token_ttl", &self.token_ttl)
             .field("token_limit", &self.token_limit)
-            .finish()
+            .field("id_header", &self.id_header)
+            .finish_non_exhaustive()
     }
 }
 
@@ -135,7 +153,81 @@ impl IdempotencyLayer {
                 DEFAULT_TOKEN_LIMIT.0,
                 DEFAULT_TOKEN_LIMIT.1,
             )),
+            id_header: IDEMPOTENCY_KEY,
+            #[cfg(feature = "webhooks")]
+            secret: None,
+            #[cfg(feature = "webhooks")]
+            tolerance: DEFAULT_WEBHOOK_TOLERANCE,
         }
+    }
+
+    /// The layer in webhook mode: the sender's event id (the Standard Webhooks
+    /// `webhook-id` header; another with [`id_header`](Self::id_header)) is the key,
+    /// so each event runs the handler once however often it is delivered. See
+    /// [Webhooks](crate#webhooks).
+    ///
+    /// It is key mode with other defaults: the id is required (400 without it); `POST`
+    /// only; keys are not scoped by credentials (senders sign rather than
+    /// authenticate), so one sender's ids share one key space unless
+    /// [`scope`](Self::scope) names senders; a delivery of an event still running waits
+    /// for it up to [`DEFAULT_WEBHOOK_WAIT`] (30 s) and gets its response, since a 409
+    /// would only make the sender retry. A 5xx (or any status not stored) releases the
+    /// key: the sender's retry runs the handler again. With the `webhooks` feature,
+    /// [`signing_secret`](Self::signing_secret) checks signatures first.
+    pub fn webhooks(idem: Idem) -> Self {
+        IdempotencyLayer {
+            mode: Mode::Webhooks,
+            methods: vec![Method::POST],
+            wait: DEFAULT_WEBHOOK_WAIT,
+            scope: Scope::Unscoped,
+            id_header: WEBHOOK_ID,
+            ..Self::new(idem)
+        }
+    }
+
+    /// Webhook mode: the header carrying the sender's event id (default `webhook-id`;
+    /// GitHub's is `x-github-delivery`). Its value is read as a bare key (1–255
+    /// printable ASCII characters without `"`, `,`, `;`).
+    pub fn id_header(mut self, name: HeaderName) -> Self {
+        self.id_header = name;
+        self
+    }
+
+    /// Verifies Standard Webhooks signatures (meant for webhook mode) with this secret
+    /// (`whsec_` then the key in base64), before the event id is claimed. A delivery
+    /// whose `webhook-signature` holds no valid `v1,` HMAC-SHA256 of
+    /// `{webhook-id}.{webhook-timestamp}.{body}`, or whose timestamp is further than
+    /// [`timestamp_tolerance`](Self::timestamp_tolerance) from now, is answered 401
+    /// ([`Problem::SignatureInvalid`](crate::Problem)), never stored: a correctly
+    /// signed delivery of the same id runs afterwards.
+    ///
+    /// ```
+    /// use idem_http::{IdempotencyLayer, SecretError};
+    /// let idem = idem_runtime::Idem::builder().build();
+    /// let layer = IdempotencyLayer::webhooks(idem.clone())
+    ///     .signing_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+    /// # let _ = layer;
+    /// assert_eq!(
+    ///     IdempotencyLayer::webhooks(idem).signing_secret("MfKQ9r8G").unwrap_err(),
+    ///     SecretError::Prefix,
+    /// );
+    /// # Ok::<(), SecretError>(())
+    /// ```
+    #[cfg(feature = "webhooks")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
+    pub fn signing_secret(mut self, secret: &str) -> Result<Self, crate::webhook::SecretError> {
+        self.secret = Some(crate::webhook::Secret::parse(secret)?);
+        Ok(self)
+    }
+
+    /// How far a signed delivery's `webhook-timestamp` may be from this server's
+    /// clock, either way (default [`DEFAULT_WEBHOOK_TOLERANCE`], 5 minutes). Past it
+    /// the delivery is 401: a captured delivery cannot be replayed later.
+    #[cfg(feature = "webhooks")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
+    pub fn timestamp_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
     }
 
     /// The layer in token mode: the `Idempotency-Key` header must carry a token this
@@ -337,7 +429,7 @@ impl IdempotencyLayer {
     /// The options the runtime is called with.
     pub(crate) fn options(&self) -> Options {
         let base = match self.mode {
-            Mode::Keys => Options::dedup(OPERATION),
+            Mode::Keys | Mode::Webhooks => Options::dedup(OPERATION),
             Mode::Tokens => Options::token(OPERATION),
         };
         base.ttl(self.ttl)

@@ -116,6 +116,8 @@
 //! - `axum`: [`IdempotencyKey`] as an extractor, [`Problem`] as `IntoResponse`, and
 //!   `IdempotencyLayer::token_route`. The layer itself needs no feature: it is a plain
 //!   [`tower::Layer`] over [`http`] and [`http_body`] types.
+//! - `webhooks`: Standard Webhooks signature verification in webhook mode
+//!   ([`IdempotencyLayer::signing_secret`]), on `hmac` and `sha2`.
 //! - `metrics`: counts requests by outcome ([`observe`]) through the `metrics` facade,
 //!   beside the runtime's own metrics.
 //!
@@ -146,6 +148,60 @@
 //! on the whole router: an unknown path is then the router's 404 and a wrong method
 //! its 405, and neither uses up a token. (405, like the other rejections before a
 //! handler, is never stored anyway, so it returns the token.)
+//!
+//! # Webhooks
+//!
+//! Webhook senders (Stripe, GitHub, and everyone on the Standard Webhooks spec) retry
+//! a delivery until they get a 2xx, and a slow handler gets the same event again while
+//! it is still running. [`IdempotencyLayer::webhooks`] makes the receiving route run
+//! once per event: the sender's event id (the `webhook-id` header, or another with
+//! [`IdempotencyLayer::id_header`]) is the key.
+//!
+//! | delivery | answer |
+//! |---|---|
+//! | first of its event | the handler runs |
+//! | its event completed | the stored 2xx, with `Idempotent-Replayed: true`; the handler does not run |
+//! | its event still running | waits for it ([`DEFAULT_WEBHOOK_WAIT`], 30 s), then the replay; 409 past the wait |
+//! | its event's handler answered 5xx (or anything not stored) | the handler runs again |
+//! | no event id | 400 |
+//! | with [`IdempotencyLayer::signing_secret`] (feature `webhooks`): no valid `v1,` signature, or `webhook-timestamp` more than 5 minutes off | 401 ([`Problem::SignatureInvalid`]), never stored, the id not claimed |
+//!
+//! Event ids are one key space by default (no credentials scope: senders sign rather
+//! than authenticate); when several senders post to one route, name each with
+//! [`IdempotencyLayer::scope`].
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idem_http::IdempotencyLayer;
+//! use idem_runtime::Idem;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+//! async fn on_event(body: String) -> String {
+//!     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     format!("run {run}: {body}") // credit the order, send the receipt, ...
+//! }
+//!
+//! let hooks = IdempotencyLayer::webhooks(Idem::builder().namespace("shop").build());
+//! // With the `webhooks` feature: `.signing_secret("whsec_...")?` checks signatures.
+//! let app = Router::new().route("/webhooks/payments", post(on_event).route_layer(hooks));
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let url = format!("http://{}/webhooks/payments", listener.local_addr()?);
+//! tokio::spawn(async move { axum::serve(listener, app).await });
+//!
+//! let client = reqwest::Client::new();
+//! let deliver = || client.post(&url).header("webhook-id", "msg_2KWPBgLl").body("{\"paid\":7}");
+//! let first = deliver().send().await?;
+//! assert_eq!(first.status(), 200);
+//! let first = first.text().await?;
+//! let redelivered = deliver().send().await?;                 // the sender retries
+//! assert_eq!(redelivered.status(), 200);
+//! assert_eq!(redelivered.text().await?, first);             // the same answer, unrun
+//! assert_eq!(RUNS.load(std::sync::atomic::Ordering::SeqCst), 1);
+//! # Ok(()) }
+//! ```
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -163,13 +219,21 @@ mod record;
 mod scope;
 mod service;
 mod token;
+#[cfg(feature = "webhooks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
+mod webhook;
 
 pub use body::{RequestBody, ResponseBody};
-pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use key::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN, WEBHOOK_ID,
+};
 pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, IdempotencyLayer, stored_by_default,
+    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, DEFAULT_WEBHOOK_TOLERANCE, DEFAULT_WEBHOOK_WAIT,
+    IdempotencyLayer, stored_by_default,
 };
 pub use problem::{Problem, ReleaseKey};
 pub use service::{Idempotency, ResponseFuture};
 pub use token::issue_token;
+#[cfg(feature = "webhooks")]
+pub use webhook::SecretError;

@@ -23,7 +23,7 @@ pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
 
 /// Every value of the `outcome` label: `ran`, `replayed`, `not_stored`, `passed`,
 /// `service_error`, then the problems' [`code`](Problem::code)s.
-pub const OUTCOMES: [&str; 23] = [
+pub const OUTCOMES: [&str; 24] = [
     "ran",
     "replayed",
     "not_stored",
@@ -47,6 +47,7 @@ pub const OUTCOMES: [&str; 23] = [
     Problem::StateConflict.code(),
     Problem::NoSuchRow.code(),
     Problem::TokenLimit.code(),
+    Problem::SignatureInvalid.code(),
 ];
 
 /// How the layer answered one request: the `outcome` label.
@@ -118,9 +119,9 @@ mod imp {
         };
     }
     static LABELS: [[Label; 1]; OUTCOMES.len()] =
-        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22);
+        labels!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23);
     static KEYS: [Key; OUTCOMES.len()] =
-        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22);
+        keys!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23);
 
     #[inline]
     pub(super) fn count(index: usize) {
@@ -154,6 +155,7 @@ mod tests {
             StateConflict,
             NoSuchRow,
             TokenLimit,
+            SignatureInvalid,
         ];
         assert_eq!(5 + all.len(), OUTCOMES.len());
         for p in all {

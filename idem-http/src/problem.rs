@@ -68,6 +68,10 @@ pub enum Problem {
     /// 429, with `Retry-After` (token mode): the token route issued as many tokens as
     /// its bound allows for now ([`token_limit`](crate::IdempotencyLayer::token_limit)).
     TokenLimit,
+    /// 401 (webhook mode with a signing secret): the delivery's Standard Webhooks
+    /// signature is missing or wrong, or its timestamp is too far from now. Never
+    /// stored: a correctly signed delivery of the same event runs.
+    SignatureInvalid,
 }
 
 /// Put in a response's extensions, it tells the layer not to store the response: the
@@ -144,6 +148,7 @@ impl Problem {
             Problem::StoreUnavailable | Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::TokenLimit => StatusCode::TOO_MANY_REQUESTS,
             Problem::NoSuchRow => StatusCode::NOT_FOUND,
+            Problem::SignatureInvalid => StatusCode::UNAUTHORIZED,
             Problem::RecordCorrupt | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -169,6 +174,7 @@ impl Problem {
             Problem::StateConflict => "idempotency-state-conflict",
             Problem::NoSuchRow => "idempotency-no-such-row",
             Problem::TokenLimit => "idempotency-token-limit",
+            Problem::SignatureInvalid => "webhook-signature-invalid",
         }
     }
 
@@ -193,6 +199,7 @@ impl Problem {
             Problem::StateConflict => "Not allowed in the current state",
             Problem::NoSuchRow => "No such resource",
             Problem::TokenLimit => "Too many tokens issued",
+            Problem::SignatureInvalid => "Webhook signature invalid",
         }
     }
 
@@ -247,6 +254,10 @@ impl Problem {
             Problem::TokenLimit => {
                 "This service issued as many idempotency tokens as it allows for now. Retry \
                  after the time given in Retry-After."
+            }
+            Problem::SignatureInvalid => {
+                "The webhook-signature header holds no valid signature of this delivery, or \
+                 its webhook-timestamp is too far from now. Nothing ran."
             }
             Problem::StateConflict => {
                 "The resource's current state does not allow this change. This answer is not \
