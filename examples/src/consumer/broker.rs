@@ -274,6 +274,12 @@ struct HeldSource<S> {
     pause: Pause,
 }
 
+impl<S> HeldSource<S> {
+    fn new(inner: S, pause: Pause) -> Self {
+        HeldSource { inner, pause }
+    }
+}
+
 impl<S: Source> Source for HeldSource<S> {
     type Delivery = Held<S::Delivery>;
     async fn next(&mut self) -> Option<Result<Self::Delivery, BoxError>> {
@@ -398,15 +404,7 @@ async fn serve<E: Effect>(
             return Err(format!("NATS needs --stream, --subject and --durable\n{USAGE}").into());
         };
         let source = nats(&a.broker, stream, subject, durable, a.concurrency).await?;
-        Ok(consumer
-            .run(
-                HeldSource {
-                    inner: source,
-                    pause,
-                },
-                stop,
-            )
-            .await?)
+        Ok(consumer.run(HeldSource::new(source, pause), stop).await?)
     } else if a.broker.starts_with("amqp://") {
         let Some(queue) = &a.queue else {
             return Err(format!("AMQP needs --queue\n{USAGE}").into());
@@ -417,15 +415,7 @@ async fn serve<E: Effect>(
         let channel = bind_queue(&conn, queue).await?;
         let prefetch = a.concurrency.min(u16::MAX as usize) as u16;
         let source = RabbitSource::new(&channel, queue, prefetch).await?;
-        let counters = consumer
-            .run(
-                HeldSource {
-                    inner: source,
-                    pause,
-                },
-                stop,
-            )
-            .await?;
+        let counters = consumer.run(HeldSource::new(source, pause), stop).await?;
         let _ = conn.close(200, "bye".into()).await;
         Ok(counters)
     } else if a.broker.starts_with("redis://") || a.broker.starts_with("rediss://") {
@@ -444,15 +434,7 @@ async fn serve<E: Effect>(
             .batch(a.concurrency)
             .max_deliveries(20);
         let source = RedisStreamSource::new(&client, cfg).await?;
-        Ok(consumer
-            .run(
-                HeldSource {
-                    inner: source,
-                    pause,
-                },
-                stop,
-            )
-            .await?)
+        Ok(consumer.run(HeldSource::new(source, pause), stop).await?)
     } else if let Some(addr) = a.broker.strip_prefix("mqtt://") {
         let (Some(topic), Some(client_id)) = (&a.topic, &a.client_id) else {
             return Err(format!("MQTT needs --topic and --client-id\n{USAGE}").into());
@@ -471,15 +453,7 @@ async fn serve<E: Effect>(
         let receive = a.concurrency.clamp(1, u16::MAX as usize) as u16;
         let cfg = MqttConfig::new(topic).receive_maximum(receive);
         let source = MqttSource::new(options, cfg).await?;
-        Ok(consumer
-            .run(
-                HeldSource {
-                    inner: source,
-                    pause,
-                },
-                stop,
-            )
-            .await?)
+        Ok(consumer.run(HeldSource::new(source, pause), stop).await?)
     } else {
         Err(
             format!("--broker must be nats://..., amqp://..., redis://... or mqtt://...\n{USAGE}")
