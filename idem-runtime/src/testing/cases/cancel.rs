@@ -176,7 +176,7 @@ pub async fn timeout_sweep_never_runs_twice_nor_sticks(store: Arc<dyn Store>) {
 /// 1,000 calls on 100 keys, about half of them aborted at random points: once the
 /// survivors are done, each key is free (a waiting call gets its result at once or
 /// after the background completions) and ran exactly once. The storm comes in ten
-/// waves of 100 calls on 10 keys (see [`IN_FLIGHT`]).
+/// waves of 100 calls on 10 keys (`IN_FLIGHT` in this file).
 pub async fn abort_storm_runs_each_key_once(store: Arc<dyn Store>) {
     static OPTS: Options = Options::dedup("conformance::abort_storm")
         .lease(HOUR)
