@@ -255,7 +255,11 @@ async fn a_message_without_an_id_is_acked_and_counted_and_a_payload_field_can_be
         "{c:?}"
     );
     assert_eq!(effects.count("f-1"), 1);
-    // All three were acked: the session has nothing left.
+    // All three were acked: the session has nothing left. The stopped source sends its
+    // DISCONNECT from its own task (ended after 2 s at the latest); a reconnect before
+    // it left would take the session over while the acks sit unread in the old
+    // socket, and the broker would rightly deliver them again. Let it leave first.
+    settle(2500).await;
     let again = recording(idem, &effects);
     let src = MqttSource::new(options(&client_id), cfg)
         .await
