@@ -173,6 +173,26 @@ pub(crate) fn failed(opts: &Options, key: &Key, err: &Error) {
     log(key, o, Some(err));
 }
 
+/// [`outcome`] for a dedup call known by its key alone: a transaction idem opened,
+/// whose commit comes after the options' borrow has ended.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn outcome_of(key: &Key, outcome: Outcome) {
+    ended(outcome);
+    #[cfg(feature = "metrics")]
+    metrics_impl::call(metrics_impl::keys_of_scope(key.scope()), outcome);
+    log(key, outcome, None);
+}
+
+/// [`failed`] for a dedup call known by its key alone (see [`outcome_of`]).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn failed_of(key: &Key, err: &Error) {
+    let o = Outcome::of(err);
+    ended(o);
+    #[cfg(feature = "metrics")]
+    metrics_impl::call(metrics_impl::keys_of_scope(key.scope()), o);
+    log(key, o, Some(err));
+}
+
 /// A call answered on the spot, before any future (an in-process replay): its span is
 /// opened and closed here, with the outcome already set.
 #[inline]

@@ -518,3 +518,74 @@ fn lost_leases_store_failures_and_corrupt_records_warn_and_count() {
     assert!(recorded.samples("idem_store_seconds{op=\"claim\"}") >= 4);
     assert!(recorded.samples("idem_store_seconds{op=\"complete\"}") >= 3);
 }
+
+// ---- transactional mode: the same span and the same counts ----
+
+#[idempotent(key = "book:{id}", transaction = tx)]
+async fn book(
+    tx: &mut idem_runtime::store::sql::sqlx::Transaction<
+        'static,
+        idem_runtime::store::sql::sqlx::Sqlite,
+    >,
+    id: u64,
+) -> Result<u64, Error> {
+    let _ = tx;
+    Ok(id * 10)
+}
+
+static RESERVE: Options = Options::dedup("observe::reserve");
+
+/// Transactional mode goes through the same flow as every other call: the caller's
+/// transaction (`transaction = tx`) and a transaction idem opens
+/// ([`SqlStore::transaction`]) each run in an `idem` span with their outcome, and count
+/// in `idem_calls_total`. (SQLite in memory: no server needed.)
+#[test]
+fn transactional_calls_are_idem_spans_and_counted() {
+    use idem_runtime::SqlStore;
+    use idem_runtime::store::sql::sqlx::{Sqlite, Transaction};
+    let (captured, recorded) = observed(|| async {
+        let store = SqlStore::connect("sqlite::memory:").await.unwrap();
+        let pool = store.sqlite_pool().unwrap().clone();
+        let idem = Idem::builder()
+            .store(store.clone())
+            .namespace("observe-tx")
+            .build();
+        idem.scope(async {
+            for _ in 0..2 {
+                let mut tx = pool.begin().await.unwrap();
+                assert_eq!(book(&mut tx, 4).await.unwrap(), 40);
+                tx.commit().await.unwrap();
+            }
+        })
+        .await;
+        let key = idem.key(&RESERVE, format_args!("sku-9"));
+        for _ in 0..2 {
+            let got = store
+                .transaction(&RESERVE, &key, |_: &mut Transaction<'static, Sqlite>| {
+                    Box::pin(async { Ok::<_, Error>(9u64) })
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, 9);
+        }
+    });
+    let mut got = captured.outcomes();
+    got.sort();
+    let mut want = vec![
+        triple(&path("book"), "dedup", "ran"),
+        triple(&path("book"), "dedup", "replayed"),
+        triple("observe::reserve", "dedup", "ran"),
+        triple("observe::reserve", "dedup", "replayed"),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    let calls = |f: &str, o: &str| {
+        recorded.counter(&format!(
+            "idem_calls_total{{function=\"{f}\",strategy=\"dedup\",outcome=\"{o}\"}}"
+        ))
+    };
+    assert_eq!(calls(&path("book"), "ran"), 1);
+    assert_eq!(calls(&path("book"), "replayed"), 1);
+    assert_eq!(calls("observe::reserve", "ran"), 1);
+    assert_eq!(calls("observe::reserve", "replayed"), 1);
+}

@@ -170,14 +170,14 @@ pub async fn tx_begin<C, X, T, E>(
     conn: &mut X,
     key: Key,
     fingerprint: Option<Fingerprint>,
-) -> Result<crate::store::sql::TxBegun<Result<T, E>>, Error>
+) -> Result<crate::strategy::transaction::TxBegun<Result<T, E>>, Error>
 where
     C: Codec<T, E>,
     X: crate::store::sql::TxConn + ?Sized,
 {
     use crate::observe::{self, Outcome};
-    use crate::store::sql::TxBegun;
-    let begun = crate::store::sql::tx_begin::<C, X, T, E>(
+    use crate::strategy::transaction::TxBegun;
+    let begun = crate::strategy::transaction::tx_begin::<C, X, T, E>(
         idem.store().as_ref(),
         opts,
         conn,
@@ -199,7 +199,7 @@ where
 pub async fn tx_end<C, X, T, E>(
     idem: &Idem,
     opts: &Options,
-    claim: crate::store::sql::TxClaim,
+    claim: crate::strategy::transaction::TxClaim,
     conn: &mut X,
     result: &Result<T, E>,
 ) -> Result<(), Error>
@@ -209,7 +209,13 @@ where
 {
     use crate::observe::{self, Outcome};
     let key = claim.key();
-    let ended = crate::store::sql::tx_end::<C, X, T, E>(claim, conn, result).await;
+    let ended = crate::strategy::transaction::tx_end::<C, X, T, E>(
+        idem.store().as_ref(),
+        claim,
+        conn,
+        result,
+    )
+    .await;
     match &ended {
         Ok(()) => observe::outcome(opts, &key, Outcome::Ran),
         Err(e @ Error::LeaseLost { .. }) => {

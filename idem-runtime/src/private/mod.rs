@@ -34,7 +34,7 @@ pub use std::time::Duration;
 pub use tracing::Instrument;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use crate::store::sql::TxBegun;
+pub use crate::strategy::transaction::TxBegun;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use entry::{tx_begin, tx_end};
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]

@@ -2,8 +2,6 @@
 
 mod operate;
 mod toolbox;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) use toolbox::Blooms;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -61,7 +59,7 @@ pub struct MemoryStore {
     /// Versioned values, state records and Bloom bitmaps, in maps of their own.
     values: toolbox::Values,
     states: toolbox::States,
-    blooms: toolbox::Blooms,
+    blooms: super::local_blooms::Blooms,
 }
 
 #[derive(Default)]
@@ -126,7 +124,7 @@ impl MemoryStore {
             fence: AtomicU64::new(0),
             values: toolbox::Values::default(),
             states: toolbox::States::default(),
-            blooms: toolbox::Blooms::default(),
+            blooms: super::local_blooms::Blooms::default(),
         }
     }
 

@@ -16,11 +16,12 @@
 //! - [`Store::local`] → [`LocalStore`]: the in-process fast path;
 //! - [`Store::versioned`] → [`VersionedStore`]: versioned values (optimistic concurrency);
 //! - [`Store::states`] → [`StateStore`]: state records (state machines);
-//! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps.
+//! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps;
+//! - [`Store::transactional`] → [`TransactionalStore`]: claims inside a database
+//!   transaction (transactional mode).
 //!
 //! A strategy that needs a capability the store lacks answers [`Error::Unsupported`].
 
-use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -32,8 +33,11 @@ use crate::{Error, Key};
 mod claim;
 mod inspection;
 mod local;
+mod local_blooms;
 pub mod memory;
 mod toolbox;
+mod transaction;
+mod unreachable;
 pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
 pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use local::{LocalStore, Memo};
@@ -41,6 +45,8 @@ pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
     VersionedStore,
 };
+pub use transaction::{Savepoint, TransactionalStore, TxConnection};
+pub use unreachable::{Cause, Unreachable};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,
@@ -179,10 +185,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// The store itself as [`Any`], for code that needs a concrete store behind an
-    /// `Arc<dyn Store>` (the attribute's transactional mode needs the `SqlStore`
-    /// of the current runtime). Default: `None`.
-    fn as_any(&self) -> Option<&dyn Any> {
+    /// Claims inside a database transaction, if this store keeps its records in the
+    /// database the transaction runs on. Default: `None`, and transactional mode
+    /// answers [`Error::Unsupported`].
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
         None
     }
 }
@@ -246,8 +252,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn local(&self) -> Option<&dyn LocalStore> {
         (**self).local()
     }
-    fn as_any(&self) -> Option<&dyn Any> {
-        (**self).as_any()
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
+        (**self).transactional()
     }
 }
 

@@ -19,6 +19,23 @@ use crate::{Error, Fingerprint, Key};
 const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// What claims a key, once and again while waiting for a busy one: the store itself
+/// ([`Direct`]), or a transaction in transactional mode. The waiting is the same.
+pub(crate) trait Claimer {
+    /// One claim of `key` per `req`.
+    async fn claim(&mut self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error>;
+}
+
+/// Claims straight on the store, each claim one round trip that a dropped call cannot
+/// strand (see [`claim_once`]).
+pub(crate) struct Direct<'a>(pub(crate) &'a Arc<dyn Store>);
+
+impl Claimer for Direct<'_> {
+    async fn claim(&mut self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
+        claim_once(self.0, key, req).await
+    }
+}
+
 /// Claims `key`: one claim, and only if another owner holds the key, the waiting loop.
 ///
 /// Returns the first outcome that is not `Busy`, or `None` when `wait` ran out, and
@@ -31,13 +48,33 @@ pub(crate) async fn claim(
     req: &ClaimRequest,
     wait: Duration,
 ) -> Result<(Option<ClaimOutcome>, bool), Error> {
-    match claim_once(store, key, req).await? {
+    claim_with(&**store, &mut Direct(store), key, req, wait).await
+}
+
+/// [`claim`] through `claimer`, waiting on `store`'s change notifications.
+pub(crate) async fn claim_with(
+    store: &dyn Store,
+    claimer: &mut impl Claimer,
+    key: &Key,
+    req: &ClaimRequest,
+    wait: Duration,
+) -> Result<(Option<ClaimOutcome>, bool), Error> {
+    match claimer.claim(key, req).await? {
         ClaimOutcome::Busy { .. } if calls_itself(key) => Ok((None, false)),
         ClaimOutcome::Busy {
             retry_in,
             fingerprint,
         } => Ok((
-            Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await?,
+            Box::pin(wait_busy(
+                store,
+                claimer,
+                key,
+                req,
+                wait,
+                retry_in,
+                fingerprint,
+            ))
+            .await?,
             true,
         )),
         other => Ok((Some(other), false)),
@@ -65,7 +102,16 @@ pub(crate) async fn claim_memo(
             },
             _,
         ) => {
-            let waited = Box::pin(wait_busy(store, key, req, wait, retry_in, fingerprint)).await?;
+            let waited = Box::pin(wait_busy(
+                &**store,
+                &mut Direct(store),
+                key,
+                req,
+                wait,
+                retry_in,
+                fingerprint,
+            ))
+            .await?;
             Ok((waited, None, true))
         }
         (other, memo) => Ok((Some(other), memo, false)),
@@ -94,7 +140,8 @@ fn calls_itself(key: &Key) -> bool {
 /// the claim and the subscription is not missed; then the caller sleeps until the
 /// subscription fires, the holder's lease ends, or the deadline passes, whichever is first.
 async fn wait_busy(
-    store: &Arc<dyn Store>,
+    store: &dyn Store,
+    claimer: &mut impl Claimer,
     key: &Key,
     req: &ClaimRequest,
     wait: Duration,
@@ -102,13 +149,23 @@ async fn wait_busy(
     fingerprint: Option<Fingerprint>,
 ) -> Result<Option<ClaimOutcome>, Error> {
     let start = Instant::now();
-    let out = wait_loop(store, key, req, start + wait, retry_in, fingerprint).await;
+    let out = wait_loop(
+        store,
+        claimer,
+        key,
+        req,
+        start + wait,
+        retry_in,
+        fingerprint,
+    )
+    .await;
     observe::waited(start.elapsed());
     out
 }
 
 async fn wait_loop(
-    store: &Arc<dyn Store>,
+    store: &dyn Store,
+    claimer: &mut impl Claimer,
     key: &Key,
     req: &ClaimRequest,
     deadline: Instant,
@@ -135,7 +192,7 @@ async fn wait_loop(
                 } else {
                     // Subscribed: look again before sleeping, the twin may have just ended.
                     sub = Some(s);
-                    (retry_in, fingerprint) = match claim_once(store, key, req).await? {
+                    (retry_in, fingerprint) = match claimer.claim(key, req).await? {
                         ClaimOutcome::Busy {
                             retry_in,
                             fingerprint,
@@ -163,7 +220,7 @@ async fn wait_loop(
         if never {
             sub = Some(Subscription::never());
         }
-        (retry_in, fingerprint) = match claim_once(store, key, req).await? {
+        (retry_in, fingerprint) = match claimer.claim(key, req).await? {
             ClaimOutcome::Busy {
                 retry_in,
                 fingerprint,

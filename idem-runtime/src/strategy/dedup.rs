@@ -129,10 +129,8 @@ where
             } else {
                 Outcome::Replayed
             };
-            if let Err(e) = check_fingerprint(&key, fingerprint, stored) {
+            if let Err(e) = admit(opts, &key, fingerprint, stored) {
                 e
-            } else if opts.on_duplicate == OnDuplicate::Reject {
-                Error::Duplicate { key }
             } else {
                 if let (Some(reuse), Some(memo)) = (&reuse, &memo)
                     && let Some(v) = reuse.get(&**memo)
@@ -161,6 +159,21 @@ where
     };
     observe::failed(opts, &key, &refused);
     Some(Err(refused.into()))
+}
+
+/// Whether a completed record may answer a duplicate: the same payload (when the
+/// call has a fingerprint), and `on_duplicate` set to replay. Otherwise the refusal.
+pub(crate) fn admit(
+    opts: &Options,
+    key: &Key,
+    fingerprint: Option<Fingerprint>,
+    stored: Option<Fingerprint>,
+) -> Result<(), Error> {
+    check_fingerprint(key, fingerprint, stored)?;
+    match opts.on_duplicate {
+        OnDuplicate::Reject => Err(Error::Duplicate { key: *key }),
+        OnDuplicate::Replay => Ok(()),
+    }
 }
 
 /// Runs the claimed body, then completes the record (or releases the key).

@@ -20,3 +20,5 @@ pub mod lock;
 pub mod optimistic;
 pub mod state_machine;
 pub mod token;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) mod transaction;

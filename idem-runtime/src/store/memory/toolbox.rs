@@ -1,5 +1,6 @@
-//! The toolbox primitives of [`MemoryStore`](super::MemoryStore): versioned values, state
-//! records and Bloom bitmaps, each in maps of their own beside the claim records.
+//! The toolbox primitives of [`MemoryStore`](super::MemoryStore): versioned values and
+//! state records, each in maps of their own beside the claim records. (Its Bloom bitmaps
+//! are the in-process ones every store may use: `store::local_blooms`.)
 //!
 //! Same rules as the claim records: every primitive is one critical section on one
 //! shard (a `std` mutex never held across an `.await`), time is tokio's monotonic clock,
@@ -7,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,29 +16,18 @@ use tokio::time::Instant;
 
 use super::{DigestHasher, ready};
 use crate::store::{
-    BloomStore, BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest,
-    VersionedBytes, VersionedStore,
+    BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
+    VersionedStore,
 };
 use crate::{Error, Key};
 
 const SHARDS: usize = 16;
 const MIN_SWEEP: usize = 256;
-/// The largest bitmap a filter may ask for: 2^32 bits (512 MiB), Redis' string limit, so a
-/// filter sized for one store fits every store.
-pub(crate) const MAX_BLOOM_BITS: u64 = 1 << 32;
-
 /// Versioned values, sharded like the claim records.
 pub(super) struct Values(Box<[Mutex<TimedMap<ValueEntry>>]>);
 
 /// State records, sharded like the claim records.
 pub(super) struct States(Box<[Mutex<TimedMap<StateEntry>>]>);
-
-/// Bloom bitmaps: few and large, so one map of individually locked bitmaps. Also the
-/// Bloom capability of a `SqlStore`, which has no SQL form for them.
-#[derive(Default)]
-pub(crate) struct Blooms(Mutex<Filters>);
-
-type Filters = HashMap<[u8; 16], Arc<Mutex<Bitmap>>, BuildHasherDefault<DigestHasher>>;
 
 struct ValueEntry {
     value: Bytes,
@@ -54,12 +44,6 @@ struct Pending {
     to: String,
     owner: Owner,
     lease_until: Instant,
-}
-
-struct Bitmap {
-    words: Vec<u64>,
-    size_bits: u64,
-    expires_at: Option<Instant>,
 }
 
 /// A map of records that may expire, swept when it has doubled since the last sweep.
@@ -245,96 +229,6 @@ impl States {
     }
 }
 
-impl Blooms {
-    fn check_bits(indexes: &[u64], size_bits: u64) -> Result<(), Error> {
-        if size_bits == 0 || size_bits > MAX_BLOOM_BITS {
-            return Err(Error::Config(format!(
-                "a Bloom filter has 1 to 2^32 bits, not {size_bits}"
-            )));
-        }
-        if indexes.iter().any(|&i| i >= size_bits) {
-            return Err(Error::Config(
-                "a Bloom index is past the filter's size".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The live bitmap of `filter`, created empty (expiring `ttl` after now) if `create`.
-    fn bitmap(
-        &self,
-        filter: &Key,
-        size_bits: u64,
-        create: Option<Option<Duration>>,
-    ) -> Option<Arc<Mutex<Bitmap>>> {
-        let now = Instant::now();
-        let mut filters = lock(&self.0);
-        let d = filter.digest();
-        // Lock order is always the map, then one bitmap.
-        let expired = |b: &Arc<Mutex<Bitmap>>| lock(b).expires_at.is_some_and(|e| e <= now);
-        if filters.get(d).is_some_and(expired) {
-            filters.remove(d);
-        }
-        if let Some(b) = filters.get(d) {
-            return Some(b.clone());
-        }
-        let ttl = create?;
-        // Filters are few; dropping the expired ones on each creation bounds them.
-        filters.retain(|_, b| !expired(b));
-        let b = Arc::new(Mutex::new(Bitmap {
-            words: vec![0; size_bits.div_ceil(64) as usize],
-            size_bits,
-            expires_at: ttl.map(|t| now + t),
-        }));
-        filters.insert(*d, b.clone());
-        Some(b)
-    }
-
-    fn same_size(filter: &Key, b: &Bitmap, size_bits: u64) -> Result<(), Error> {
-        if b.size_bits == size_bits {
-            return Ok(());
-        }
-        Err(Error::Config(format!(
-            "Bloom filter {filter} exists with {} bits, not {size_bits}: a filter's \
-             capacity and rate must not change while it lives",
-            b.size_bits
-        )))
-    }
-
-    fn insert(
-        &self,
-        filter: &Key,
-        indexes: &[u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> Result<bool, Error> {
-        Self::check_bits(indexes, size_bits)?;
-        let mut all_set = true;
-        if let Some(bitmap) = self.bitmap(filter, size_bits, Some(ttl)) {
-            let mut b = lock(&bitmap);
-            Self::same_size(filter, &b, size_bits)?;
-            for &i in indexes {
-                let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
-                all_set &= b.words[w] & bit != 0;
-                b.words[w] |= bit;
-            }
-        }
-        Ok(all_set)
-    }
-
-    fn contains(&self, filter: &Key, indexes: &[u64], size_bits: u64) -> Result<bool, Error> {
-        Self::check_bits(indexes, size_bits)?;
-        let Some(bitmap) = self.bitmap(filter, size_bits, None) else {
-            return Ok(false);
-        };
-        let b = lock(&bitmap);
-        Self::same_size(filter, &b, size_bits)?;
-        Ok(indexes
-            .iter()
-            .all(|&i| b.words[(i / 64) as usize] & (1u64 << (i % 64)) != 0))
-    }
-}
-
 impl VersionedStore for Values {
     fn load_versioned<'a>(
         &'a self,
@@ -374,30 +268,5 @@ impl StateStore for States {
 
     fn load_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<String>, Error>> {
         ready(self.load(key))
-    }
-}
-
-impl BloomStore for Blooms {
-    fn bloom_insert<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-        ttl: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(
-            self.insert(filter, indexes, size_bits, ttl),
-        ))
-    }
-
-    fn bloom_contains<'a>(
-        &'a self,
-        filter: &'a Key,
-        indexes: &'a [u64],
-        size_bits: u64,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(std::future::ready(
-            self.contains(filter, indexes, size_bits),
-        ))
     }
 }

@@ -54,6 +54,8 @@
 //! authentication, TLS, no answer, no reachable node, no primary.
 
 mod builder;
+#[cfg(feature = "redis-cluster")]
+mod cluster;
 mod connect;
 mod notify;
 mod operate;
@@ -77,11 +79,12 @@ use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use self::connect::Source;
 use self::connect::{Connections, is_transport_error};
 use self::notify::Notifier;
-pub use self::reach::{Cause, Unreachable};
 use self::record::hex32;
 pub use self::replicas::NotReplicated;
 use self::replicas::Wait;
 use self::reply::bool_reply;
+/// The one error of every store that cannot be reached, here too for its old path.
+pub use crate::store::{Cause, Unreachable};
 use crate::{Error, Key};
 
 pub use builder::RedisStoreBuilder;
@@ -171,21 +174,6 @@ impl RedisStore {
     /// ```
     pub fn from_pool(pool: deadpool_redis::Pool) -> RedisStore {
         RedisStoreBuilder::default().from_pool(pool)
-    }
-
-    /// A store on the Redis Cluster reached through `urls`, with default options
-    /// (feature `redis-cluster`).
-    ///
-    /// ```no_run
-    /// let store = idem_runtime::RedisStore::connect_cluster(&["redis://127.0.0.1:7000"])?;
-    /// # Ok::<(), idem_runtime::Error>(())
-    /// ```
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn connect_cluster<S: AsRef<str>>(
-        urls: impl IntoIterator<Item = S>,
-    ) -> Result<RedisStore, Error> {
-        RedisStoreBuilder::default().connect_cluster(urls)
     }
 
     /// Options: timeout, key prefix, connections, pub/sub address.

@@ -2,102 +2,16 @@
 //! went wrong (refused, name lookup, authentication, TLS, no answer, no reachable node,
 //! no primary), instead of a bare client error that names neither.
 //!
-//! Only connecting is explained here: once a connection is made, a failing command is
+//! The error is the one [`Unreachable`] of every store; this module names Redis's
+//! targets and classifies its client's errors. Only connecting is explained here: once a connection is made, a failing command is
 //! reported as the client gives it. Addresses are shown without the URL's user or
 //! password.
 
-use std::fmt;
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError};
 
-/// Why a connection could not be made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Cause {
-    /// Nothing listens there (the server is down, or the host or port is wrong).
-    Refused,
-    /// The host name does not resolve.
-    Dns,
-    /// The server rejected the user or password.
-    Auth,
-    /// The TLS handshake failed (a plain server behind `rediss://`, or a certificate
-    /// the client does not trust).
-    Tls,
-    /// The server did not answer in time.
-    Timeout,
-    /// No node of the Cluster could be reached.
-    NoNode,
-    /// The sentinels name no reachable primary for the service (or know no such
-    /// service).
-    NoPrimary,
-    /// Anything else (see the message).
-    Other,
-}
-
-impl Cause {
-    fn describe(self) -> &'static str {
-        match self {
-            Cause::Refused => "connection refused (is the server running and listening there?)",
-            Cause::Dns => "the host name does not resolve",
-            Cause::Auth => "authentication failed (user or password)",
-            Cause::Tls => "the TLS handshake failed",
-            Cause::Timeout => "no answer in time",
-            Cause::NoNode => "no node of the cluster is reachable",
-            Cause::NoPrimary => "the sentinels name no reachable primary for the service",
-            Cause::Other => "the connection failed",
-        }
-    }
-}
-
-/// A Redis deployment idem could not connect to: the source of
-/// [`Error::Store`](crate::Error::Store) when that is why a call failed.
-///
-/// ```
-/// # use idem_runtime::store::redis::{Cause, Unreachable};
-/// fn explain(e: &idem_runtime::Error) -> Option<Cause> {
-///     let idem_runtime::Error::Store(source) = e else { return None };
-///     source.downcast_ref::<Unreachable>().map(Unreachable::cause)
-/// }
-/// # let _ = explain;
-/// ```
-#[derive(Debug, Clone)]
-pub struct Unreachable {
-    target: Target,
-    cause: Cause,
-    detail: String,
-}
-
-impl Unreachable {
-    /// The server (`host:port`), the Cluster's nodes or the sentinels, as the message
-    /// names them.
-    pub fn server(&self) -> &str {
-        &self.target.servers
-    }
-    /// Why.
-    pub fn cause(&self) -> Cause {
-        self.cause
-    }
-}
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let t = &self.target;
-        match &t.kind {
-            Kind::Single => write!(f, "cannot connect to Redis at {}", t.servers)?,
-            Kind::Cluster => write!(f, "cannot connect to the Redis Cluster at {}", t.servers)?,
-            Kind::Sentinel(service) => write!(
-                f,
-                "cannot connect to the primary of Redis service {service:?} through the \
-                 sentinels at {}",
-                t.servers
-            )?,
-        }
-        write!(f, ": {} ({})", self.cause.describe(), self.detail)
-    }
-}
-
-impl std::error::Error for Unreachable {}
+use crate::store::{Cause, Unreachable};
 
 /// What a store connects to, for messages.
 #[derive(Debug, Clone)]
@@ -169,11 +83,7 @@ impl Target {
         if cause == Cause::Timeout {
             return self.no_answer(e.to_string());
         }
-        Unreachable {
-            target: self.clone(),
-            cause,
-            detail: e.to_string(),
-        }
+        self.fails(cause, e.to_string())
     }
 
     /// No connection within `within`.
@@ -187,20 +97,24 @@ impl Target {
             // A plain server reads the TLS hello as a command and never answers it.
             detail.push_str("; a server that does not speak TLS never answers the handshake");
         }
-        Unreachable {
-            target: self.clone(),
-            cause: Cause::Timeout,
-            detail,
-        }
+        self.fails(Cause::Timeout, detail)
     }
 
     /// A failure of the pool itself (closed, misconfigured): named, with its message.
     pub(crate) fn other(&self, detail: String) -> Unreachable {
-        Unreachable {
-            target: self.clone(),
-            cause: Cause::Other,
-            detail,
-        }
+        self.fails(Cause::Other, detail)
+    }
+
+    fn fails(&self, cause: Cause, detail: String) -> Unreachable {
+        let target = match &self.kind {
+            Kind::Single => format!("Redis at {}", self.servers),
+            Kind::Cluster => format!("the Redis Cluster at {}", self.servers),
+            Kind::Sentinel(service) => format!(
+                "the primary of Redis service {service:?} through the sentinels at {}",
+                self.servers
+            ),
+        };
+        Unreachable::new("Redis", target, self.servers.clone(), cause, detail)
     }
 }
 

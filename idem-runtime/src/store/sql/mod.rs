@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::BoxFuture;
-use super::memory::Blooms;
+use super::local_blooms::Blooms;
 use crate::Error;
 
 #[cfg(feature = "postgres")]
@@ -74,19 +74,18 @@ use self::record::IN_PROGRESS;
 #[cfg(feature = "sqlite")]
 use self::record::{FREE, ISSUED};
 use self::record::{
-    KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, decide, is_lock_wait, kind_code, owner_bytes,
-    sql_err, us,
+    KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, is_lock_wait, kind_code, owner_bytes, sql_err,
+    us,
 };
 #[cfg(feature = "postgres")]
 use self::store_impl::PgBatches;
 use self::store_impl::Watchers;
 
+/// The one error of every store that cannot be reached, here too for its old path.
+pub use crate::store::{Cause, Unreachable};
 pub use caller_tx::TxConn;
-#[doc(hidden)]
-pub use caller_tx::{TxBegun, TxClaim, tx_begin, tx_end};
 pub use own_tx::{Begun, IdemTransaction, TxDatabase, TxFuture};
 pub use purge::PurgeTask;
-pub use reach::{Cause, Unreachable};
 
 /// The client crate, re-exported so that pools built by the application and the ones
 /// idem takes are always of the same sqlx version.

@@ -11,11 +11,11 @@
 //! hundreds of calls slow at once, and a connection of their own each would fill the
 //! server's connection limit (MariaDB allows 151 by default) exactly when it is busiest.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use crate::Error;
+use crate::store::{Cause, Unreachable};
 
 /// How long a store call waits for the pool before looking at the server itself.
 pub(super) const PROBE_AFTER: Duration = Duration::from_millis(300);
@@ -50,89 +50,6 @@ impl ProbeGate {
         answer
     }
 }
-
-/// Why a connection could not be made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Cause {
-    /// Nothing listens there (the server is down, or the host or port is wrong).
-    Refused,
-    /// The host name does not resolve.
-    Dns,
-    /// The server rejected the user or password.
-    Auth,
-    /// The server has no such database.
-    NoDatabase,
-    /// The TLS handshake failed.
-    Tls,
-    /// The server did not answer in time.
-    Timeout,
-    /// Anything else (see the message).
-    Other,
-}
-
-impl Cause {
-    fn describe(self) -> &'static str {
-        match self {
-            Cause::Refused => "connection refused (is the server running and listening there?)",
-            Cause::Dns => "the host name does not resolve",
-            Cause::Auth => "authentication failed (user or password)",
-            Cause::NoDatabase => "the database does not exist",
-            Cause::Tls => "the TLS handshake failed",
-            Cause::Timeout => "no answer in time",
-            Cause::Other => "the connection failed",
-        }
-    }
-}
-
-/// A database idem could not connect to: the source of [`Error::Store`] when that is
-/// why a call failed.
-///
-/// ```
-/// # use idem_runtime::store::sql::{Cause, Unreachable};
-/// fn explain(e: &idem_runtime::Error) -> Option<Cause> {
-///     let idem_runtime::Error::Store(source) = e else { return None };
-///     source.downcast_ref::<Unreachable>().map(Unreachable::cause)
-/// }
-/// # let _ = explain;
-/// ```
-#[derive(Debug, Clone)]
-pub struct Unreachable {
-    backend: &'static str,
-    server: String,
-    cause: Cause,
-    detail: String,
-}
-
-impl Unreachable {
-    /// `PostgreSQL`, `MySQL` or `SQLite`.
-    pub fn backend(&self) -> &'static str {
-        self.backend
-    }
-    /// `host:port`, or the database file.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-    /// Why.
-    pub fn cause(&self) -> Cause {
-        self.cause
-    }
-}
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot connect to {} at {}: {} ({})",
-            self.backend,
-            self.server,
-            self.cause.describe(),
-            self.detail
-        )
-    }
-}
-
-impl std::error::Error for Unreachable {}
 
 /// The cause of a failed connection attempt, if it is one waiting will not fix.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -176,11 +93,14 @@ where
     O: sqlx::ConnectOptions,
     O::Connection: Sized,
 {
-    let unreachable = |cause, detail: String| Unreachable {
-        backend,
-        server: server.clone(),
-        cause,
-        detail,
+    let unreachable = |cause, detail: String| {
+        Unreachable::new(
+            backend,
+            format!("{backend} at {server}"),
+            server.clone(),
+            cause,
+            detail,
+        )
     };
     match tokio::time::timeout(within, options.connect()).await {
         Ok(Ok(conn)) => {
@@ -297,11 +217,14 @@ mod tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let gate = Arc::new(ProbeGate::default());
         let probes = Arc::new(AtomicUsize::new(0));
-        let refused = || Unreachable {
-            backend: "MySQL",
-            server: "127.0.0.1:3306".into(),
-            cause: Cause::Refused,
-            detail: "refused".into(),
+        let refused = || {
+            Unreachable::new(
+                "MySQL",
+                "MySQL at 127.0.0.1:3306".into(),
+                "127.0.0.1:3306".into(),
+                Cause::Refused,
+                "refused".into(),
+            )
         };
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..200 {
@@ -317,7 +240,7 @@ mod tests {
         }
         while let Some(answer) = calls.join_next().await {
             let answer = answer.unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(answer.err().map(|u| u.cause), Some(Cause::Refused));
+            assert_eq!(answer.err().map(|u| u.cause()), Some(Cause::Refused));
         }
         assert_eq!(probes.load(Ordering::SeqCst), 1);
     }

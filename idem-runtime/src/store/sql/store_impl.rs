@@ -27,8 +27,8 @@ use super::{batch, postgres};
 #[cfg(feature = "postgres")]
 use crate::store::ClaimKind;
 use crate::store::{
-    BloomStore, BoxFuture, ClaimOutcome, ClaimRequest, Owner, StateStore, Store, Subscription,
-    VersionedStore,
+    BloomStore, BoxFuture, ClaimOutcome, ClaimRequest, Owner, Savepoint, StateStore, Store,
+    Subscription, TransactionalStore, TxConnection, VersionedStore,
 };
 use crate::{Error, Key};
 
@@ -415,7 +415,7 @@ impl Store for SqlStore {
         Some(&*self.blooms)
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
+    fn transactional(&self) -> Option<&dyn TransactionalStore> {
         Some(self)
     }
 
@@ -428,6 +428,124 @@ impl Store for SqlStore {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(_) => "sql-sqlite",
         }
+    }
+}
+
+/// The connection of a transaction on this store's database, or the error a
+/// transaction on another database is.
+fn own_conn<'c, C: 'static>(
+    store: &SqlStore,
+    conn: &'c mut TxConnection,
+) -> Result<&'c mut C, Error> {
+    conn.downcast_mut::<C>().ok_or_else(|| {
+        Error::Config(format!(
+            "the transaction is on another database than the runtime's {} store",
+            store.name()
+        ))
+    })
+}
+
+/// A claim that must be tried again at once: its row was held by another open
+/// transaction past the lock timeout, or the statement kept losing races.
+const BUSY_NOW: ClaimOutcome = ClaimOutcome::Busy {
+    retry_in: Duration::ZERO,
+    fingerprint: None,
+};
+
+impl TransactionalStore for SqlStore {
+    fn claim_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
+        Box::pin(async move {
+            let snap = match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(_) => {
+                    postgres::claim(own_conn(self, conn)?, key, req, true, false).await
+                }
+                #[cfg(feature = "mysql")]
+                Backend::MySql { returning, .. } => {
+                    mysql::claim(own_conn(self, conn)?, *returning, true, key, req).await
+                }
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(_) => sqlite::claim(own_conn(self, conn)?, key, req).await,
+            };
+            match snap {
+                Ok(snap) => Ok(decide(key, req.kind, snap)?.unwrap_or(BUSY_NOW)),
+                Err(e) if is_lock_wait(&e) => Ok(BUSY_NOW),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            match &self.backend {
+                #[cfg(feature = "postgres")]
+                Backend::Postgres(_) => {
+                    postgres::complete(own_conn(self, conn)?, key, owner, value, ttl).await
+                }
+                #[cfg(feature = "mysql")]
+                Backend::MySql { .. } => {
+                    mysql::complete(own_conn(self, conn)?, key, owner, value, ttl).await
+                }
+                #[cfg(feature = "sqlite")]
+                Backend::Sqlite(_) => {
+                    sqlite::complete(own_conn(self, conn)?, key, owner, value, ttl).await
+                }
+            }
+        })
+    }
+
+    fn savepoint<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        op: Savepoint,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let undo = format!("ROLLBACK TO SAVEPOINT {name}");
+            let statements = match op {
+                Savepoint::Set => [Some(format!("SAVEPOINT {name}")), None],
+                Savepoint::Keep => [None, Some(format!("RELEASE SAVEPOINT {name}"))],
+                Savepoint::Undo => [Some(undo), Some(format!("RELEASE SAVEPOINT {name}"))],
+            };
+            for sql in statements.into_iter().flatten() {
+                let sql = sqlx::raw_sql(sqlx::AssertSqlSafe(sql));
+                let done = match &self.backend {
+                    #[cfg(feature = "postgres")]
+                    Backend::Postgres(_) => sql
+                        .execute(own_conn::<sqlx::PgConnection>(self, conn)?)
+                        .await
+                        .map(drop),
+                    #[cfg(feature = "mysql")]
+                    Backend::MySql { .. } => sql
+                        .execute(own_conn::<sqlx::MySqlConnection>(self, conn)?)
+                        .await
+                        .map(drop),
+                    #[cfg(feature = "sqlite")]
+                    Backend::Sqlite(_) => sql
+                        .execute(own_conn::<sqlx::SqliteConnection>(self, conn)?)
+                        .await
+                        .map(drop),
+                };
+                done.map_err(Error::store)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn committed(&self, key: &Key) {
+        self.watchers.wake(key);
     }
 }
 
