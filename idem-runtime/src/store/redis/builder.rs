@@ -1,5 +1,5 @@
-//! [`RedisStoreBuilder`]: a store's options, and the ways to connect it (a URL, a pool, a
-//! Cluster).
+//! [`RedisStoreBuilder`]: a store's options, and the ways to connect it (a URL, a pool,
+//! Sentinel). A Cluster's are in the `cluster` module.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +18,11 @@ use crate::Error;
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    timeout: Duration,
+    pub(super) timeout: Duration,
     prefix: String,
-    connections: usize,
+    pub(super) connections: usize,
     fence_ttl: Duration,
-    pubsub_urls: Vec<String>,
+    pub(super) pubsub_urls: Vec<String>,
     wait: Option<Wait>,
 }
 
@@ -175,69 +175,6 @@ impl RedisStoreBuilder {
         self.assemble(Source::Single(pool), target, clients)
     }
 
-    /// A store on the Redis Cluster reached through any of `urls` (feature
-    /// `redis-cluster`). Keys of one record share a hash tag, so each call touches one
-    /// slot.
-    ///
-    /// ```no_run
-    /// let store = idem_runtime::RedisStore::builder()
-    ///     .connect_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])?;
-    /// # Ok::<(), idem_runtime::Error>(())
-    /// ```
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn connect_cluster<S: AsRef<str>>(
-        mut self,
-        urls: impl IntoIterator<Item = S>,
-    ) -> Result<RedisStore, Error> {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        for u in &urls {
-            install_tls_provider(u);
-        }
-        if urls.is_empty() {
-            return Err(Error::Config("redis cluster: no node URL".into()));
-        }
-        let cfg = deadpool_redis::cluster::Config::from_urls(urls.clone());
-        let pool = cfg
-            .builder()
-            .map_err(|e| Error::Config(format!("redis cluster: {e}")))?
-            .max_size(self.connections.max(DEFAULT_CONNECTIONS) * 2)
-            .runtime(deadpool_redis::Runtime::Tokio1)
-            .wait_timeout(Some(self.timeout))
-            .create_timeout(Some(self.timeout))
-            .recycle_timeout(Some(self.timeout))
-            .build()
-            .map_err(|e| Error::Config(format!("redis cluster pool: {e}")))?;
-        let target = Target::cluster(&urls);
-        let mut pubsub = urls;
-        pubsub.append(&mut self.pubsub_urls);
-        self.pubsub_urls = pubsub;
-        self.build(Source::Cluster(pool), target)
-    }
-
-    /// A store on connections from a Redis Cluster `pool` (feature `redis-cluster`).
-    ///
-    /// ```no_run
-    /// use idem_runtime::store::redis::deadpool_redis::{cluster::Config, Runtime};
-    /// let pool = Config::from_urls(vec!["redis://127.0.0.1:7000".to_owned()])
-    ///     .create_pool(Some(Runtime::Tokio1)).unwrap();
-    /// let store = idem_runtime::RedisStore::builder()
-    ///     .pubsub_url("redis://127.0.0.1:7000")
-    ///     .from_cluster_pool(pool);
-    /// # let _ = store;
-    /// ```
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn from_cluster_pool(self, pool: deadpool_redis::cluster::Pool) -> RedisStore {
-        let clients = self.clients().unwrap_or_else(|e| {
-            // A malformed pub/sub URL: keep the store, its waiters poll.
-            tracing::warn!(error = %e, "idem: redis pub/sub disabled; waiters poll");
-            Vec::new()
-        });
-        let target = Target::cluster(&self.pubsub_urls);
-        self.assemble(Source::Cluster(pool), target, clients)
-    }
-
     /// A store on the primary of `service` as the sentinels at `sentinels`
     /// (`host:port` each) name it (feature `redis-sentinel`); after a failover, calls
     /// go to the new primary. The URL form `redis+sentinel://h1:p1,h2:p2/SERVICE[/db]`
@@ -286,12 +223,12 @@ impl RedisStoreBuilder {
         self.timeout + self.wait.map_or(Duration::ZERO, |w| w.timeout)
     }
 
-    fn build(self, source: Source, target: Target) -> Result<RedisStore, Error> {
+    pub(super) fn build(self, source: Source, target: Target) -> Result<RedisStore, Error> {
         let clients = self.clients()?;
         Ok(self.assemble(source, target, clients))
     }
 
-    fn clients(&self) -> Result<Vec<redis::Client>, Error> {
+    pub(super) fn clients(&self) -> Result<Vec<redis::Client>, Error> {
         self.pubsub_urls
             .iter()
             .map(|u| redis::Client::open(u.as_str()))
@@ -299,7 +236,12 @@ impl RedisStoreBuilder {
             .map_err(|e| Error::Config(format!("redis URL: {e}")))
     }
 
-    fn assemble(self, source: Source, target: Target, clients: Vec<redis::Client>) -> RedisStore {
+    pub(super) fn assemble(
+        self,
+        source: Source,
+        target: Target,
+        clients: Vec<redis::Client>,
+    ) -> RedisStore {
         let channel = format!("{}notify", self.prefix);
         RedisStore {
             inner: Arc::new(Inner {
@@ -316,7 +258,7 @@ impl RedisStoreBuilder {
 
 /// rustls needs a process-wide crypto provider; install ring's for `rediss://` unless
 /// the application already chose one (then this does nothing).
-fn install_tls_provider(url: &str) {
+pub(super) fn install_tls_provider(url: &str) {
     #[cfg(feature = "tls")]
     if url.starts_with("rediss:") && rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
