@@ -8,8 +8,10 @@ use http::header::{CONTENT_TYPE, ETAG, HeaderName, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode, request};
 use idem_runtime::{Idem, OnDuplicate, Options};
 
+use crate::config::{Config, Mode, StoreFn};
 use crate::key::{IDEMPOTENCY_KEY, WEBHOOK_ID};
 use crate::scope::Scope;
+use crate::service::Idempotency;
 use crate::token::TokenLimit;
 
 /// The operation name keys are stored under (part of every record's key).
@@ -40,17 +42,6 @@ pub const DEFAULT_WEBHOOK_TOLERANCE: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on a stored response body: 1 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
-
-type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-
-/// Whether the header carries a client's key or a server-issued token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Keys,
-    Tokens,
-    /// Key mode on a sender's event id (`webhook-id`), with signatures checked first.
-    Webhooks,
-}
 
 /// A [`tower::Layer`] that makes the requests it wraps idempotent by their
 /// `Idempotency-Key` header. See the [crate docs](crate) for the contract.
@@ -426,40 +417,42 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The options the runtime is called with.
-    pub(crate) fn options(&self) -> Options {
+    /// What a service runs with: copied from this layer's settings once per service.
+    fn config(&self) -> Config {
         let base = match self.mode {
             Mode::Keys | Mode::Webhooks => Options::dedup(OPERATION),
             Mode::Tokens => Options::token(OPERATION),
         };
-        base.ttl(self.ttl)
-            .lease(self.lease)
-            .wait(self.wait)
-            .on_duplicate(self.on_duplicate)
-    }
-
-    pub(crate) fn stores(&self, status: StatusCode) -> bool {
-        match &self.stores {
-            Some(f) => f(status),
-            None => stored_by_default(status),
+        Config {
+            idem: self.idem.clone(),
+            opts: base
+                .ttl(self.ttl)
+                .lease(self.lease)
+                .wait(self.wait)
+                .on_duplicate(self.on_duplicate),
+            mode: self.mode,
+            required: self.required,
+            methods: self.methods.clone(),
+            id_header: self.id_header.clone(),
+            scope: self.scope.clone(),
+            stores: self.stores.clone(),
+            max_request_bytes: self.max_request_bytes,
+            max_response_bytes: self.max_response_bytes,
+            replay_headers: self.replay_headers.clone(),
+            docs: self.docs.clone(),
+            detached_timeout: self.detached_timeout,
+            #[cfg(feature = "webhooks")]
+            secret: self.secret.clone(),
+            #[cfg(feature = "webhooks")]
+            tolerance: self.tolerance,
         }
     }
 }
 
-/// The default of [`IdempotencyLayer::store_status`]: every status except those that
-/// say "try again" (5xx, 408, 429) and those a framework answers before the handler
-/// started (400, 405, 413, 415, 422: a body that does not parse, a missing
-/// `Content-Type`, a method the route lacks). A retry of either kind runs the handler.
-pub fn stored_by_default(status: StatusCode) -> bool {
-    !(status.is_server_error()
-        || matches!(
-            status,
-            StatusCode::REQUEST_TIMEOUT
-                | StatusCode::TOO_MANY_REQUESTS
-                | StatusCode::BAD_REQUEST
-                | StatusCode::METHOD_NOT_ALLOWED
-                | StatusCode::PAYLOAD_TOO_LARGE
-                | StatusCode::UNSUPPORTED_MEDIA_TYPE
-                | StatusCode::UNPROCESSABLE_ENTITY
-        ))
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, Arc::new(self.config()))
+    }
 }

@@ -211,6 +211,9 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 mod axum;
 mod body;
+mod config;
+mod fingerprint;
+mod future;
 mod key;
 mod layer;
 pub mod observe;
@@ -224,16 +227,18 @@ mod token;
 mod webhook;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::stored_by_default;
+pub use future::ResponseFuture;
 pub use key::{
     IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, KeyError, MAX_KEY_LEN, WEBHOOK_ID,
 };
 pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, DEFAULT_WEBHOOK_TOLERANCE, DEFAULT_WEBHOOK_WAIT,
-    IdempotencyLayer, stored_by_default,
+    IdempotencyLayer,
 };
 pub use problem::{Problem, ReleaseKey};
-pub use service::{Idempotency, ResponseFuture};
+pub use service::Idempotency;
 pub use token::issue_token;
 #[cfg(feature = "webhooks")]
 pub use webhook::SecretError;
