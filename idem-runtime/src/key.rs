@@ -75,22 +75,6 @@ impl Key {
         }
         s
     }
-
-    /// A readable, unique string for backends that address records by name:
-    /// `{prefix}{namespace}:{scope}:{digest_hex}`.
-    pub fn storage_name(&self, prefix: &str) -> String {
-        let mut s =
-            String::with_capacity(prefix.len() + self.namespace.len() + self.scope.len() + 34);
-        s.push_str(prefix);
-        s.push_str(self.namespace);
-        s.push(':');
-        s.push_str(self.scope);
-        s.push(':');
-        for b in &self.digest {
-            let _ = write!(s, "{b:02x}");
-        }
-        s
-    }
 }
 
 impl fmt::Display for Key {

@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// Which strategy a function uses (DESIGN §4).
+/// Which strategy a function uses; each one's module in [`strategy`](crate::strategy) is its guide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Strategy {

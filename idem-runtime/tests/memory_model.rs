@@ -1,6 +1,6 @@
 //! Model-based tests of `MemoryStore`: random sequences of store operations and clock
 //! advances, checked step by step against a small reference model of the record life
-//! cycle (DESIGN §4), on tokio's paused clock so every expiry boundary is exact.
+//! cycle (the `Store` trait's docs), on tokio's paused clock so every expiry boundary is exact.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
