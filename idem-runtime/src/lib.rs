@@ -82,10 +82,10 @@
 mod codec;
 mod error;
 mod fingerprint;
-mod inspect;
 mod intern;
 mod key;
 pub mod observe;
+mod operator;
 mod options;
 mod runtime;
 pub mod store;
@@ -102,7 +102,9 @@ pub use key::Key;
 pub use options::{
     DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, MIN_LEASE, OnDuplicate, Options, Strategy,
 };
-pub use runtime::{Builder, DEFAULT_NAMESPACE, Idem, Stats, current, init, issue_token};
+#[allow(deprecated)]
+pub use runtime::Builder;
+pub use runtime::{DEFAULT_NAMESPACE, Idem, IdemBuilder, Stats, current, init, issue_token};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -62,14 +62,18 @@ impl fmt::Debug for Idem {
 /// Builds an [`Idem`]; see [`Idem::builder`].
 #[derive(Default)]
 #[must_use]
-pub struct Builder {
+pub struct IdemBuilder {
     store: Option<Arc<dyn Store>>,
     namespace: Option<String>,
 }
 
-impl fmt::Debug for Builder {
+/// The old name of [`IdemBuilder`].
+#[deprecated(note = "renamed IdemBuilder, beside RedisStoreBuilder and StateMachineBuilder")]
+pub type Builder = IdemBuilder;
+
+impl fmt::Debug for IdemBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("IdemBuilder")
             .field("store", &self.store.as_ref().map(|s| s.name()))
             .field("namespace", &self.namespace)
             .finish()
@@ -79,7 +83,7 @@ impl fmt::Debug for Builder {
 /// The namespace used when none is given.
 pub const DEFAULT_NAMESPACE: &str = "idem";
 
-impl Builder {
+impl IdemBuilder {
     /// The store to keep records in (default: a new [`MemoryStore`]).
     pub fn store(mut self, store: impl Store) -> Self {
         self.store = Some(Arc::new(store));
@@ -106,7 +110,7 @@ impl Builder {
     /// # Panics
     ///
     /// If the namespace is new and the process already keeps as many names as
-    /// [`Key::intern`](crate::Key::intern) allows; [`Builder::try_build`] returns that
+    /// [`Key::intern`](crate::Key::intern) allows; [`IdemBuilder::try_build`] returns that
     /// as an error instead.
     pub fn build(self) -> Idem {
         self.try_build().unwrap_or_else(|e| panic!("{e}"))
@@ -240,8 +244,8 @@ pub async fn issue_token(ttl: Duration) -> Result<String, Error> {
 
 impl Idem {
     /// A builder.
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> IdemBuilder {
+        IdemBuilder::default()
     }
 
     /// The store.

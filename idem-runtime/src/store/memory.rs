@@ -1,6 +1,6 @@
 //! The embedded store: records in process memory.
 
-mod operate;
+mod inspection;
 mod toolbox;
 
 use std::any::Any;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::call_ctx;
-use super::claim::{
+use super::claiming::{
     ClaimGuard, claim_memo, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
 };
 use crate::codec::ReplayOk;

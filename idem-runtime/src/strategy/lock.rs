@@ -7,7 +7,9 @@ use std::future::Future;
 use std::ops::Deref;
 
 use super::call_ctx;
-use super::claim::{ClaimGuard, claim, retry_settle, settle, undo_uncertain_claim, with_heartbeat};
+use super::claiming::{
+    ClaimGuard, claim, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
+};
 use crate::observe::{self, Outcome};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};

@@ -14,7 +14,7 @@
 
 pub mod bloom;
 pub(crate) mod call_ctx;
-pub(crate) mod claim;
+pub(crate) mod claiming;
 pub mod dedup;
 pub mod lock;
 pub mod optimistic;

@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::claim::{Claimer, claim_with};
+use super::claiming::{Claimer, claim_with};
 use super::dedup::admit;
 use crate::codec::{Codec, ReplayOk};
 use crate::observe::{self, Outcome};

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::connect::{Connections, Source};
 use super::notify::Notifier;
-use super::reach::Target;
 use super::record::millis;
 use super::replicas::Wait;
+use super::unreachable::Target;
 use super::{
     DEFAULT_CONNECTIONS, DEFAULT_FENCE_TTL, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner, RedisStore,
 };

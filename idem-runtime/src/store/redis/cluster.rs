@@ -7,7 +7,7 @@
 
 use super::builder::install_tls_provider;
 use super::connect::Source;
-use super::reach::Target;
+use super::unreachable::Target;
 use super::{DEFAULT_CONNECTIONS, RedisStore, RedisStoreBuilder};
 use crate::Error;
 

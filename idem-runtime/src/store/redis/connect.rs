@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use super::reach::Target;
+use super::unreachable::Target;
 use crate::Error;
 
 /// A multiplexed connection to a standalone server or to a cluster.

@@ -57,9 +57,8 @@ mod builder;
 #[cfg(feature = "redis-cluster")]
 mod cluster;
 mod connect;
+mod inspection;
 mod notify;
-mod operate;
-mod reach;
 mod record;
 mod replicas;
 mod reply;
@@ -69,6 +68,7 @@ mod store_impl;
 #[cfg(test)]
 mod tests;
 mod toolbox;
+mod unreachable;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -54,19 +54,19 @@ use crate::Error;
 #[cfg(feature = "postgres")]
 mod batch;
 mod caller_tx;
+mod inspection;
 #[cfg(feature = "mysql")]
 mod mysql;
-mod operate;
 mod own_tx;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;
-mod reach;
 mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store_impl;
 mod toolbox;
+mod unreachable;
 
 // The record's vocabulary, for the backends (`super::…`).
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -157,7 +157,7 @@ pub struct SqlStore {
     async_claim_commit: bool,
     watchers: Arc<Watchers>,
     /// The one connection attempt beside the pool that slow calls share.
-    probes: Arc<reach::ProbeGate>,
+    probes: Arc<unreachable::ProbeGate>,
     /// Bloom bitmaps, which have no SQL form here (see the `toolbox` module).
     blooms: Arc<Blooms>,
     /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
@@ -446,7 +446,7 @@ where
     let opts: O = url
         .parse()
         .map_err(|e| Error::Config(format!("bad {backend} url: {e}")))?;
-    reach::probe(&opts, backend, reach::server_of(url), DEFAULT_TIMEOUT)
+    unreachable::probe(&opts, backend, unreachable::server_of(url), DEFAULT_TIMEOUT)
         .await
         .map_err(Error::store)
 }

@@ -16,7 +16,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::{Row, SqlSafeStr};
 
-use super::operate::Inspected;
+use super::inspection::Inspected;
 use super::{
     IN_PROGRESS, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us,
 };

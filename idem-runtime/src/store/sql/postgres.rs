@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlSafeStr};
 
 use super::batch::Job;
-use super::operate::Inspected;
+use super::inspection::Inspected;
 use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};

@@ -13,7 +13,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Row, SqlSafeStr};
 
-use super::operate::Inspected;
+use super::inspection::Inspected;
 use super::{
     FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes,
     sql_err, us,

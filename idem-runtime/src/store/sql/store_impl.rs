@@ -93,14 +93,14 @@ impl SqlStore {
         &self,
         fut: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        super::reach::bounded(self.timeout, self.backend_name(), fut, |within| {
+        super::unreachable::bounded(self.timeout, self.backend_name(), fut, |within| {
             self.probe(within)
         })
         .await
     }
 
     /// One connection attempt beside the pool, to name why the server is unreachable;
-    /// shared by the store's slow calls (see [`ProbeGate`](super::reach::ProbeGate)).
+    /// shared by the store's slow calls (see [`ProbeGate`](super::unreachable::ProbeGate)).
     async fn probe(&self, within: Duration) -> Result<(), super::Unreachable> {
         self.probes.probe(|| self.probe_once(within)).await
     }
@@ -111,13 +111,13 @@ impl SqlStore {
             Backend::Postgres(p) => {
                 let o = p.connect_options();
                 let server = format!("{}:{}", o.get_host(), o.get_port());
-                super::reach::probe(&*o, "PostgreSQL", server, within).await
+                super::unreachable::probe(&*o, "PostgreSQL", server, within).await
             }
             #[cfg(feature = "mysql")]
             Backend::MySql { pool, .. } => {
                 let o = pool.connect_options();
                 let server = format!("{}:{}", o.get_host(), o.get_port());
-                super::reach::probe(&*o, "MySQL", server, within).await
+                super::unreachable::probe(&*o, "MySQL", server, within).await
             }
             // A file: the pool fails at once with the file's own error.
             #[cfg(feature = "sqlite")]
@@ -563,7 +563,7 @@ impl crate::RecordCounts for SqlStore {
                 #[cfg(feature = "sqlite")]
                 Backend::Sqlite(p) => sqlite::count(p, namespace).await?,
             };
-            Ok(super::operate::counts(rows))
+            Ok(super::inspection::counts(rows))
         }))
     }
 }
