@@ -50,6 +50,10 @@ pub async fn issue_token<B: From<Bytes>>(idem: &Idem, ttl: Duration) -> Response
 /// A bound on token issuance: at most `limit` tokens per window of `per`, in this
 /// process. With the token lifetime it bounds the tokens alive at once (about
 /// `limit × token_ttl / per` per process), each a record in the store until it expires.
+///
+/// Only the axum token route issues tokens through it; without the `axum` feature the
+/// layer still takes the setting, and nothing reads it.
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) struct TokenLimit {
     limit: u32,
     per: Duration,
@@ -73,6 +77,7 @@ impl TokenLimit {
     /// Counts one token against the current window; false when the window is full.
     /// (A fixed window, approximate at its edge: a few tokens more or less there do
     /// not change the bound.)
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn admit(&self) -> bool {
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let per = u64::try_from(self.per.as_nanos()).unwrap_or(u64::MAX);
