@@ -706,6 +706,12 @@ fn summary(verdict: &Verdict) {
             max / 1000
         );
     }
+    if verdict.lost_in_split > 0 {
+        println!(
+            "lost in split brains (no wait_for_replicas): {} completed keys ran again (completions the old primary acknowledged before it was demoted)",
+            verdict.lost_in_split
+        );
+    }
     if verdict.doubled_in_split > 0 {
         println!(
             "doubled in split brains (no wait_for_replicas): {} keys ran on both sides",
@@ -773,10 +779,16 @@ async fn split_brain(
     tokio::time::sleep(Duration::from_millis(1000 + rng.below(2000))).await;
     ledger.event("healed", 0).await?;
     lab.net.heal()?;
-    tokio::task::block_in_place(|| s.wait_rejoined(old))?;
+    // Healed, the old primary is still a primary until a sentinel demotes it: the split
+    // brain lasts until then.
+    let healed = Instant::now();
+    let rejoined = tokio::task::block_in_place(|| s.wait_rejoined(old));
+    ledger.event("rejoined", 0).await?;
+    rejoined?;
     println!(
-        "split brain: replica promoted {} ms after the cut; healed; old primary rejoined as a replica ({} workers on its side)",
+        "split brain: replica promoted {} ms after the cut; healed; the old primary was a primary for {} ms more, then rejoined as a replica ({} workers on its side)",
         took.as_millis(),
+        healed.elapsed().as_millis(),
         minority.len() - 1
     );
     let _ = fleet;
