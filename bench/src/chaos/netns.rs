@@ -28,9 +28,7 @@ const TABLE: &str = "idemchaos";
 /// One virtual host.
 #[derive(Debug, Clone)]
 pub(crate) struct Host {
-    /// Its short name (`a`, `w1`, ...).
-    pub(crate) name: String,
-    /// Its namespace.
+    /// Its namespace, `idemchaos-<pid>-<name>`.
     pub(crate) ns: String,
     pub(crate) addr: Ipv4Addr,
 }
@@ -192,7 +190,6 @@ impl Net {
         let ns = format!("{PREFIX}{}-{name}", self.owner);
         sh("ip", &["netns", "add", &ns])?;
         let host = Host {
-            name: name.to_owned(),
             ns: ns.clone(),
             addr: Ipv4Addr::new(198, 18, self.subnet, i),
         };
@@ -215,10 +212,6 @@ impl Net {
         );
         nft(&ns, &table)?;
         Ok(host)
-    }
-
-    pub(crate) fn hosts(&self) -> &[Host] {
-        &self.hosts
     }
 
     /// Cuts `side` off from `peers`: packets either way are dropped inside each host of
@@ -259,11 +252,6 @@ impl Net {
         let (pa, pb) = (peers(a), peers(b));
         self.cut(a, &pb)?;
         self.cut(b, &pa)
-    }
-
-    /// Whether any cut is in force.
-    pub(crate) fn is_cut(&self) -> bool {
-        !self.cuts.is_empty()
     }
 
     /// Removes every cut.

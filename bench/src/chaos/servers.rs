@@ -68,10 +68,6 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn start(args: &[&str], conf: Option<String>) -> Result<Node, String> {
-        Node::start_on(None, args, conf)
-    }
-
     /// A server on `host` (listening on its address only), or on loopback.
     pub(crate) fn start_on(
         host: Option<&Host>,
@@ -194,10 +190,6 @@ pub(crate) struct Sentinels {
 }
 
 impl Sentinels {
-    pub(crate) fn start() -> Result<Sentinels, String> {
-        Sentinels::start_on(None, 0)
-    }
-
     /// On loopback, or on three hosts: the primary and a sentinel on the first, the
     /// replica and a sentinel on the second, a sentinel alone on the third, so that
     /// either data node can be cut off with one sentinel while two stay together.
