@@ -546,7 +546,9 @@ async fn chaos(
                 next_fault = Instant::now() + Duration::from_millis(2000 + rng.below(4000));
             }
             if lab.heal_at.is_none() && now >= next_fault && now + Duration::from_secs(8) < end {
-                let split = matches!(backend, Backend::Sentinel(_)) && faults % 2 == 1;
+                // Sentinel: a split brain first (so a short run has one), then cuts
+                // and split brains in turn.
+                let split = matches!(backend, Backend::Sentinel(_)) && faults % 2 == 0;
                 if split {
                     if let Backend::Sentinel(s) = backend {
                         split_brain(s, lab, &fleet, ledger, &mut rng).await?;
@@ -833,4 +835,31 @@ async fn sweep(
         }
     }
     Ok((stuck, unanswered))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_rehosted_onto_the_forwarder() {
+        let pg = "postgres://postgres@127.0.0.1:5432/test?application_name=x";
+        assert_eq!(host_port(pg).unwrap(), ("127.0.0.1".to_owned(), 5432));
+        assert_eq!(
+            rehost(pg, Ipv4Addr::new(198, 18, 3, 1), 4000).unwrap(),
+            "postgres://postgres@198.18.3.1:4000/test?application_name=x"
+        );
+        assert_eq!(
+            host_port("redis://127.0.0.1").unwrap(),
+            ("127.0.0.1".to_owned(), 6379)
+        );
+        assert_eq!(
+            rehost("redis://127.0.0.1:6379", Ipv4Addr::new(198, 18, 3, 1), 7).unwrap(),
+            "redis://198.18.3.1:7"
+        );
+        assert_eq!(
+            host_port("redis://[::1]:6380/0").unwrap(),
+            ("::1".to_owned(), 6380)
+        );
+    }
 }
