@@ -526,7 +526,8 @@ mod tests {
         // completion, taken by the old primary during the split, was lost at the heal.
         let c = Contents {
             runs: vec![
-                run(1, 1, 2_000_000),
+                // Well after the cut: no body in flight at the cut explains it.
+                run(1, 1, 2_200_000),
                 run(1, 2, 3_500_000),
                 run(2, 1, 2_500_000),
                 run(2, 2, 6_000_000),
