@@ -408,7 +408,6 @@ impl Fleet {
 }
 
 /// Runs the whole chaos run; returns the number of violations.
-/// Runs the whole chaos run; returns the number of violations.
 pub(crate) async fn run(o: Opts) -> Result<usize, String> {
     for f in &o.faults {
         match f {
@@ -428,7 +427,7 @@ pub(crate) async fn run(o: Opts) -> Result<usize, String> {
         std::process::id(),
         worker::now_ms() % 1_000_000_000
     );
-    let lab = if o.faults.contains(&Fault::Partition) {
+    let mut lab = if o.faults.contains(&Fault::Partition) {
         Some(Lab::start(&o).await?)
     } else {
         None
@@ -439,7 +438,6 @@ pub(crate) async fn run(o: Opts) -> Result<usize, String> {
     std::fs::create_dir_all(&history).map_err(|e| format!("{}: {e}", history.display()))?;
     let ledger = Ledger::open(&o.ledger, &run, 8).await?;
     ledger.create().await?;
-    let mut lab = lab;
     // On an error too, the servers, workers and namespaces are dropped below; a run
     // killed by a signal leaves its namespaces to the next run's `remove_stale`.
     let result = chaos(
