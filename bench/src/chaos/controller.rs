@@ -687,13 +687,17 @@ async fn chaos(
 
 /// The checker's counts.
 fn summary(verdict: &Verdict) {
-    println!(
-        "history: {} calls recorded ({} during partitions by cut workers, all store errors: {}; longest {} ms)",
-        verdict.calls,
-        verdict.cut_calls,
-        verdict.cut_calls_failed,
-        verdict.longest_cut_call_us / 1000
-    );
+    if verdict.longest_cut_call_us == 0 {
+        println!("history: {} calls recorded", verdict.calls);
+    } else {
+        println!(
+            "history: {} calls recorded; {} made wholly within a cut by a cut worker, {} of them Error::Store; the longest call overlapping a cut took {} ms",
+            verdict.calls,
+            verdict.cut_calls,
+            verdict.cut_calls_failed,
+            verdict.longest_cut_call_us / 1000
+        );
+    }
     println!(
         "effects: {} for {} keys; {} keys ran more than once, each after a kill or store fault in flight",
         verdict.effects, verdict.keys, verdict.explained
