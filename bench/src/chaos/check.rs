@@ -1,40 +1,174 @@
-//! Reading the ledger against the failure model.
+//! Reading the ledger and the history against the failure model.
 //!
 //! Per key, with its body runs in order of their start and the times callers were told
 //! it is completed:
 //!
 //! 1. A run that starts after a caller was told the key is completed means a completed
 //!    record was lost: a violation on every store and setting the chaos program runs,
-//!    except a failover without `wait_for_replicas`, where the README says the
-//!    completions not yet replicated may be lost; those are counted with their age at
-//!    the moment the primary died (the window).
+//!    except a failover or a split brain without `wait_for_replicas`, where the README
+//!    says the completions not yet replicated may be lost; those are counted with their
+//!    age at the moment the primary was lost (the window: up to the promotion after a
+//!    kill; in a split brain, up to the old primary's demotion, which comes after the
+//!    network heals: its writes until then are dropped when it rejoins as a replica).
 //! 2. Two runs of a key with no completion between them are what the failure model
 //!    allows after a crash or a store fault in flight: the first run's worker was killed
-//!    between the two starts, or a store fault happened between a second before the
-//!    first start and the second start. Otherwise it is a violation (two runs with
-//!    nothing to explain them).
+//!    or cut from the store between a second before its start and the second start, or
+//!    a store fault happened then. In a split brain without `wait_for_replicas`, a run
+//!    on the old primary's side during the split may be doubled on the other side:
+//!    counted, not a violation. Otherwise it is a violation (two runs with nothing to
+//!    explain them).
+//! 3. A worker cut from the store answers nothing but `Error::Store` for a call made
+//!    wholly within the cut, and runs no body for a call it started during the cut (no
+//!    body runs without a claim). Every effect names the claim (owner) it ran under, and
+//!    no claim has two effects.
 //!
 //! Keys left in progress past their lease and errors of an unexpected kind are counted
-//! by the caller and added to the violations.
+//! by the caller and added to the violations. Each violation found here names its key
+//! and a window; [`Violation::ops`] lists the operations of that key and the faults
+//! around it, as Jepsen's checkers do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
-use super::ledger::{Contents, Event, Run};
+use super::ledger::{Call, Contents, Event, Run};
 
-/// What the ledger shows.
+/// One breach of the failure model, with what it involves.
+#[derive(Debug, Clone)]
+pub(crate) struct Violation {
+    pub(crate) key: i64,
+    /// The window of the history it involves (µs).
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+    pub(crate) what: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key {}: {}", self.key, self.what)
+    }
+}
+
+impl Violation {
+    fn new(key: i64, from: i64, to: i64, what: String) -> Violation {
+        Violation {
+            key,
+            from,
+            to,
+            what,
+        }
+    }
+
+    /// The operations on its key and the faults from 2 s before its window to 1 s after,
+    /// one per line, oldest first (at most 40).
+    pub(crate) fn ops(&self, c: &Contents) -> String {
+        let (from, to) = (self.from - 2_000_000, self.to + 1_000_000);
+        let origin = c
+            .calls
+            .first()
+            .map(|x| x.start)
+            .into_iter()
+            .chain(c.events.first().map(|e| e.at))
+            .min()
+            .unwrap_or(0);
+        let t = |at: i64| format!("{:>10.6}s", (at - origin) as f64 / 1e6);
+        let who = |inc: i32| {
+            if inc == 0 {
+                "controller".to_owned()
+            } else {
+                format!("worker {inc}")
+            }
+        };
+        let mut lines: Vec<(i64, String)> = Vec::new();
+        for x in c
+            .calls
+            .iter()
+            .filter(|x| x.key == self.key && x.end >= from && x.start <= to)
+        {
+            lines.push((
+                x.start,
+                format!(
+                    "  {} {:<11} call  pay-{} -> {} ({} ms)",
+                    t(x.start),
+                    who(x.incarnation),
+                    x.key,
+                    x.outcome,
+                    (x.end - x.start) / 1000
+                ),
+            ));
+        }
+        for r in c
+            .runs
+            .iter()
+            .filter(|r| r.key == self.key && (from..=to).contains(&r.at))
+        {
+            lines.push((
+                r.at,
+                format!(
+                    "  {} {:<11} effect pay-{} under claim {:016x}",
+                    t(r.at),
+                    who(r.incarnation),
+                    r.key,
+                    r.owner
+                ),
+            ));
+        }
+        for &(k, at) in &c.seen {
+            if k == self.key && (from..=to).contains(&at) {
+                lines.push((
+                    at,
+                    format!("  {} {:<11} told pay-{k} is completed", t(at), ""),
+                ));
+            }
+        }
+        for e in c.events.iter().filter(|e| (from..=to).contains(&e.at)) {
+            let whom = if e.incarnation == 0 {
+                String::new()
+            } else {
+                format!(" of worker {}", e.incarnation)
+            };
+            lines.push((
+                e.at,
+                format!("  {} {:<11} fault {}{whom}", t(e.at), "nemesis", e.kind),
+            ));
+        }
+        lines.sort_by_key(|l| l.0);
+        let n = lines.len();
+        let mut out: String = lines.into_iter().take(40).map(|(_, l)| l + "\n").collect();
+        if n > 40 {
+            out.push_str(&format!("  … {} more\n", n - 40));
+        }
+        out
+    }
+}
+
+/// What the ledger and the history show.
 #[derive(Debug, Default)]
 pub(crate) struct Verdict {
     pub(crate) effects: usize,
     pub(crate) keys: usize,
+    /// Calls in the history.
+    pub(crate) calls: usize,
+    /// Calls made wholly within a cut by a cut worker, and how many of them ended in
+    /// `Error::Store`.
+    pub(crate) cut_calls: usize,
+    pub(crate) cut_calls_failed: usize,
+    /// The longest call of a cut worker that overlapped its cut (µs).
+    pub(crate) longest_cut_call_us: i64,
     /// Keys that ran more than once, each time explained by a kill or a store fault.
     pub(crate) explained: usize,
-    /// Completions lost in a failover where the failure model allows it, with their age
-    /// (µs) when the primary died.
+    /// Completions lost in a failover or split brain where the failure model allows it,
+    /// with their age (µs) when the primary was lost.
     pub(crate) lost_in_failover: Vec<i64>,
-    pub(crate) violations: Vec<String>,
+    /// Completions lost in a split brain where the failure model allows it.
+    pub(crate) lost_in_split: usize,
+    /// Keys that ran on both sides of a split brain (allowed without
+    /// `wait_for_replicas` only).
+    pub(crate) doubled_in_split: usize,
+    pub(crate) violations: Vec<Violation>,
 }
 
-/// Checks `c`; `lossy_failover`: failovers may lose unreplicated completions.
+/// Checks `c`; `lossy_failover`: failovers and split brains may lose unreplicated
+/// completions and double keys (no `wait_for_replicas`).
 pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
     let mut by_key: BTreeMap<i64, (Vec<Run>, Vec<i64>)> = BTreeMap::new();
     for r in &c.runs {
@@ -45,29 +179,44 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
     }
     let mut v = Verdict {
         effects: c.runs.len(),
+        calls: c.calls.len(),
         ..Verdict::default()
     };
     for (key, (runs, mut seen)) in by_key {
         if runs.is_empty() {
-            v.violations.push(format!(
-                "key {key}: reported completed but its body never ran"
+            let at = seen.first().copied().unwrap_or(0);
+            v.violations.push(Violation::new(
+                key,
+                at,
+                at,
+                "reported completed but its body never ran".into(),
             ));
             continue;
         }
         v.keys += 1;
         seen.sort_unstable();
         let mut repeated = false;
+        let mut split_doubled = false;
         for (i, r) in runs.iter().enumerate() {
             // Rule 1: the earliest completion reported before this run started.
             if let Some(&done) = seen.iter().find(|&&s| s < r.at) {
                 match failover_between(&c.events, done, r.at) {
-                    Some(kill) if lossy_failover => {
-                        v.lost_in_failover.push((kill - done).max(0));
+                    Some(("split", _)) if lossy_failover => {
+                        v.lost_in_split += 1;
                         repeated = true;
                     }
-                    _ => v.violations.push(format!(
-                        "key {key}: ran again {} ms after a caller was told it completed",
-                        (r.at - done) / 1000
+                    Some((_, lost)) if lossy_failover => {
+                        v.lost_in_failover.push((lost - done).max(0));
+                        repeated = true;
+                    }
+                    _ => v.violations.push(Violation::new(
+                        key,
+                        done,
+                        r.at,
+                        format!(
+                            "ran again {} ms after a caller was told it completed",
+                            (r.at - done) / 1000
+                        ),
                     )),
                 }
                 continue;
@@ -77,44 +226,159 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
             }
             // Rule 2.
             let prev = &runs[i - 1];
-            if explained(&c.events, prev, r) {
+            if lossy_failover && in_split(&c.events, prev.at) {
+                split_doubled = true;
+            } else if explained(&c.events, prev, r) {
                 repeated = true;
             } else {
-                v.violations.push(format!(
-                    "key {key}: ran twice ({} ms apart) with no kill or store fault to explain it",
-                    (r.at - prev.at) / 1000
+                v.violations.push(Violation::new(
+                    key,
+                    prev.at,
+                    r.at,
+                    format!(
+                        "ran twice ({} ms apart) with no kill or store fault to explain it",
+                        (r.at - prev.at) / 1000
+                    ),
                 ));
             }
         }
-        if repeated {
+        if split_doubled {
+            v.doubled_in_split += 1;
+        } else if repeated {
             v.explained += 1;
         }
     }
+    check_claims(c, &mut v);
+    check_cuts(c, &mut v);
     v
 }
 
-/// The kill of a failover that happened after `done` and whose promotion was over
-/// before `rerun`: the time of the kill.
-fn failover_between(events: &[Event], done: i64, rerun: i64) -> Option<i64> {
+/// Every effect ran under a claim, and no claim has two effects.
+fn check_claims(c: &Contents, v: &mut Verdict) {
+    let mut by_owner: HashMap<i64, &Run> = HashMap::new();
+    for r in &c.runs {
+        if r.owner == 0 {
+            v.violations.push(Violation::new(
+                r.key,
+                r.at,
+                r.at,
+                format!("worker {} ran the body without a claim", r.incarnation),
+            ));
+        } else if let Some(first) = by_owner.insert(r.owner, r) {
+            v.violations.push(Violation::new(
+                r.key,
+                first.at,
+                r.at,
+                format!("two effects under one claim ({:016x})", r.owner),
+            ));
+        }
+    }
+}
+
+/// Rule 3: what cut workers did during their cuts.
+fn check_cuts(c: &Contents, v: &mut Verdict) {
+    for (i, e) in c.events.iter().enumerate() {
+        if e.kind != "partition" {
+            continue;
+        }
+        // The cut lasts until this worker's heal (or its kill, or the end).
+        let until = c.events[i + 1..]
+            .iter()
+            .find(|h| h.incarnation == e.incarnation && (h.kind == "heal" || h.kind == "kill"))
+            .map_or(i64::MAX, |h| h.at);
+        let calls: Vec<&Call> = c
+            .calls
+            .iter()
+            .filter(|x| x.incarnation == e.incarnation && x.end >= e.at && x.start <= until)
+            .collect();
+        for x in &calls {
+            v.longest_cut_call_us = v.longest_cut_call_us.max(x.end - x.start);
+            if x.start >= e.at && x.end <= until {
+                v.cut_calls += 1;
+                if x.outcome == "store-error" {
+                    v.cut_calls_failed += 1;
+                } else {
+                    v.violations.push(Violation::new(
+                        x.key,
+                        x.start,
+                        x.end,
+                        format!(
+                            "worker {} was cut from the store, yet its call answered {}",
+                            x.incarnation, x.outcome
+                        ),
+                    ));
+                }
+            }
+        }
+        // No body runs for a call started within the cut.
+        for r in c
+            .runs
+            .iter()
+            .filter(|r| r.incarnation == e.incarnation && e.at <= r.at && r.at <= until)
+        {
+            let call = calls
+                .iter()
+                .find(|x| x.key == r.key && x.start <= r.at && r.at <= x.end);
+            if call.is_some_and(|x| x.start >= e.at) {
+                v.violations.push(Violation::new(
+                    r.key,
+                    e.at,
+                    r.at,
+                    format!(
+                        "worker {} ran the body of a call it made while cut from the store",
+                        r.incarnation
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The loss of a primary (a failover's kill, or a split brain's cut) after which
+/// `done` could still be lost and that happened before `rerun`: its kind and time. A
+/// failover loses what the dead primary had not replicated when the replica was
+/// promoted; a split brain loses what the old primary took until it was demoted.
+fn failover_between(events: &[Event], done: i64, rerun: i64) -> Option<(&str, i64)> {
     events.iter().enumerate().find_map(|(i, e)| {
-        if e.kind != "failover" || e.at > rerun {
+        let end_kind = match e.kind.as_str() {
+            "failover" => "promoted",
+            "split" => "rejoined",
+            _ => return None,
+        };
+        if e.at > rerun {
             return None;
         }
-        let promoted = events[i + 1..]
+        let end = events[i + 1..]
             .iter()
-            .find(|p| p.kind == "promoted")
+            .find(|p| p.kind == end_kind)
             .map_or(i64::MAX, |p| p.at);
-        (done <= promoted).then_some(e.at)
+        (done <= end).then_some((e.kind.as_str(), e.at))
+    })
+}
+
+/// Whether `at` falls within a split brain (from the cut to the old primary's
+/// demotion).
+fn in_split(events: &[Event], at: i64) -> bool {
+    events.iter().enumerate().any(|(i, e)| {
+        e.kind == "split"
+            && e.at <= at
+            && at
+                <= events[i + 1..]
+                    .iter()
+                    .find(|h| h.kind == "rejoined")
+                    .map_or(i64::MAX, |h| h.at)
     })
 }
 
 fn explained(events: &[Event], prev: &Run, next: &Run) -> bool {
-    events.iter().any(|e| {
-        if e.kind == "kill" {
-            e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at
-        } else {
-            prev.at - 1_000_000 <= e.at && e.at <= next.at
+    events.iter().any(|e| match e.kind.as_str() {
+        "kill" => e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at,
+        "partition" => {
+            e.incarnation == prev.incarnation && prev.at - 1_000_000 <= e.at && e.at <= next.at
         }
+        // The ends of faults explain nothing.
+        "heal" | "healed" | "promoted" | "rejoined" => false,
+        _ => prev.at - 1_000_000 <= e.at && e.at <= next.at,
     })
 }
 
@@ -127,6 +391,18 @@ mod tests {
             key,
             incarnation,
             at,
+            // A claim of its own.
+            owner: (key << 40) + at + 1,
+        }
+    }
+
+    fn call(incarnation: i32, key: i64, start: i64, end: i64, outcome: &str) -> Call {
+        Call {
+            incarnation,
+            key,
+            start,
+            end,
+            outcome: outcome.into(),
         }
     }
 
@@ -144,6 +420,7 @@ mod tests {
             runs: vec![run(1, 1, 10), run(1, 2, 5_000_000)],
             seen: vec![(1, 100)],
             events: vec![ev("kill", 1, 200)],
+            calls: vec![],
         };
         assert_eq!(check(&c, false).violations.len(), 1);
     }
@@ -154,6 +431,7 @@ mod tests {
             runs: vec![run(1, 1, 10), run(1, 2, 3_000_000)],
             seen: vec![],
             events: vec![ev("kill", 1, 20), ev("kill", 2, 4_000_000)],
+            calls: vec![],
         };
         let v = check(&c, false);
         assert!(v.violations.is_empty(), "{:?}", v.violations);
@@ -167,6 +445,7 @@ mod tests {
             seen: vec![],
             // A kill of another worker, and a fault long before the first run.
             events: vec![ev("kill", 3, 11_000_000), ev("restart", 0, 1_000_000)],
+            calls: vec![],
         };
         assert_eq!(check(&c, false).violations.len(), 1);
     }
@@ -177,10 +456,90 @@ mod tests {
             runs: vec![run(1, 1, 10), run(1, 2, 9_000_000)],
             seen: vec![(1, 1_000)],
             events: vec![ev("failover", 0, 2_000), ev("promoted", 0, 3_000_000)],
+            calls: vec![],
         };
         let lossy = check(&c, true);
         assert!(lossy.violations.is_empty());
         assert_eq!(lossy.lost_in_failover, vec![1_000]);
         assert_eq!(check(&c, false).violations.len(), 1);
+    }
+
+    #[test]
+    fn a_cut_worker_answers_only_store_errors_and_runs_no_body() {
+        let cut = vec![ev("partition", 1, 1_000_000), ev("heal", 1, 4_000_000)];
+        let ok = Contents {
+            runs: vec![run(1, 1, 900_000)],
+            seen: vec![],
+            events: cut.clone(),
+            calls: vec![
+                // Begun before the cut: its body ran, its completion was lost.
+                call(1, 1, 890_000, 2_900_000, "store-error"),
+                call(1, 2, 3_000_000, 3_900_000, "store-error"),
+            ],
+        };
+        let v = check(&ok, false);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!((v.cut_calls, v.cut_calls_failed), (1, 1));
+        let bad = Contents {
+            runs: vec![run(2, 1, 2_000_000)],
+            seen: vec![],
+            events: cut,
+            calls: vec![
+                call(1, 2, 1_500_000, 2_100_000, "ran-unacked"),
+                call(1, 3, 2_500_000, 2_600_000, "replayed"),
+            ],
+        };
+        let v = check(&bad, false);
+        // Two calls answered through the cut, one body run without a claim.
+        assert_eq!(v.violations.len(), 3, "{:?}", v.violations);
+        assert!(
+            v.violations[0]
+                .ops(&bad)
+                .contains("fault partition of worker 1")
+        );
+    }
+
+    #[test]
+    fn effects_name_their_claims() {
+        let mut twice = run(1, 2, 50);
+        twice.owner = run(1, 1, 10).owner;
+        let mut none = run(2, 1, 60);
+        none.owner = 0;
+        let c = Contents {
+            runs: vec![run(1, 1, 10), twice, none],
+            seen: vec![],
+            events: vec![ev("kill", 1, 20)],
+            calls: vec![],
+        };
+        assert_eq!(check(&c, false).violations.len(), 2);
+    }
+
+    #[test]
+    fn a_split_brain_doubles_and_loses_only_without_the_wait() {
+        let split = vec![
+            ev("split", 0, 1_000_000),
+            ev("promoted", 0, 3_000_000),
+            ev("healed", 0, 5_000_000),
+            ev("rejoined", 0, 5_500_000),
+        ];
+        // Key 1 ran on the old primary's side, then on the new primary's; key 2's
+        // completion, taken by the old primary during the split, was lost at the heal.
+        let c = Contents {
+            runs: vec![
+                // Well after the cut: no body in flight at the cut explains it.
+                run(1, 1, 2_200_000),
+                run(1, 2, 3_500_000),
+                run(2, 1, 2_500_000),
+                run(2, 2, 6_000_000),
+            ],
+            seen: vec![(2, 2_600_000)],
+            events: split,
+            calls: vec![],
+        };
+        let lossy = check(&c, true);
+        assert!(lossy.violations.is_empty(), "{:?}", lossy.violations);
+        assert_eq!(lossy.doubled_in_split, 1);
+        assert_eq!(lossy.lost_in_split, 1);
+        assert_eq!(check(&c, false).violations.len(), 2);
     }
 }

@@ -1,12 +1,22 @@
 //! The effects ledger, counted outside idem: PostgreSQL tables private to one run.
 //!
-//! - `<run>_runs`: one row per body run (key, worker incarnation, start), no unique
-//!   constraint, so a key whose body ran twice has two rows;
+//! - `<run>_runs`: one row per body run (key, worker incarnation, start, the owner of
+//!   the claim it ran under), no unique constraint, so a key whose body ran twice has
+//!   two rows;
 //! - `<run>_seen`: one row each time a caller learnt, from the store, that a key is
 //!   completed (its completion was acknowledged, or a replay came back);
 //! - `<run>_events`: the faults the controller made (worker kills, store faults).
 //!
 //! Every time is PostgreSQL's `clock_timestamp()`, one clock for all processes.
+//!
+//! Beside the tables, each process appends every call it makes to a file of the run's
+//! history directory ([`History`]): who called which key, when it started and ended
+//! (this machine's clock, the same as the database's), and what it returned. A process
+//! killed mid-call leaves that call out, as Jepsen leaves an indeterminate operation.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
@@ -24,6 +34,77 @@ pub(crate) struct Run {
     pub(crate) incarnation: i32,
     /// Microseconds since the epoch, by the database's clock.
     pub(crate) at: i64,
+    /// The low 64 bits of the owner of the claim it ran under (0: none).
+    pub(crate) owner: i64,
+}
+
+/// One call, from the history files.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    pub(crate) incarnation: i32,
+    pub(crate) key: i64,
+    /// Microseconds since the epoch.
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    /// `ran`, `ran-unacked`, `replayed`, `store-error`, `busy` or `unexpected`.
+    pub(crate) outcome: String,
+}
+
+/// A process's history file: one line per call, written as the call ends (unbuffered,
+/// so a SIGKILL loses only the call in flight).
+pub(crate) struct History {
+    file: Mutex<std::fs::File>,
+}
+
+impl History {
+    /// The history file of incarnation `inc` in `dir`.
+    pub(crate) fn create(dir: &str, inc: i32) -> Result<History, String> {
+        let path = Path::new(dir).join(format!("calls-{inc}.tsv"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(History {
+            file: Mutex::new(file),
+        })
+    }
+
+    pub(crate) fn call(&self, inc: i32, key: u64, start: i64, end: i64, outcome: &str) {
+        let line = format!("{inc}\t{key}\t{start}\t{end}\t{outcome}\n");
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = f.write_all(line.as_bytes());
+    }
+
+    /// Every call in the files of `dir`, in order of their start.
+    pub(crate) fn read(dir: &Path) -> Result<Vec<Call>, String> {
+        let mut calls = Vec::new();
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries.flatten() {
+            let path: PathBuf = entry.path();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for line in text.lines() {
+                let f: Vec<&str> = line.split('\t').collect();
+                let [inc, key, start, end, outcome] = f.as_slice() else {
+                    continue; // a line cut short by a kill
+                };
+                let (Ok(incarnation), Ok(key), Ok(start), Ok(end)) =
+                    (inc.parse(), key.parse(), start.parse(), end.parse())
+                else {
+                    continue;
+                };
+                calls.push(Call {
+                    incarnation,
+                    key,
+                    start,
+                    end,
+                    outcome: (*outcome).to_owned(),
+                });
+            }
+        }
+        calls.sort_by_key(|c| c.start);
+        Ok(calls)
+    }
 }
 
 /// A fault the controller made.
@@ -41,6 +122,8 @@ pub(crate) struct Contents {
     /// (key, time) of each "completed" sighting.
     pub(crate) seen: Vec<(i64, i64)>,
     pub(crate) events: Vec<Event>,
+    /// Every call the history files hold, by start.
+    pub(crate) calls: Vec<Call>,
 }
 
 fn db(e: sqlx::Error) -> String {
@@ -48,10 +131,11 @@ fn db(e: sqlx::Error) -> String {
 }
 
 impl Ledger {
-    /// Connects; the run's tables must exist ([`create`](Self::create)).
-    pub(crate) async fn open(url: &str, run: &str) -> Result<Ledger, String> {
+    /// Connects with up to `connections`; the run's tables must exist
+    /// ([`create`](Self::create)).
+    pub(crate) async fn open(url: &str, run: &str, connections: u32) -> Result<Ledger, String> {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
+            .max_connections(connections)
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect(url)
             .await
@@ -66,7 +150,7 @@ impl Ledger {
         let r = &self.run;
         for ddl in [
             format!(
-                "CREATE TABLE {r}_runs (key BIGINT NOT NULL, inc INT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+                "CREATE TABLE {r}_runs (key BIGINT NOT NULL, inc INT NOT NULL, owner BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
             ),
             format!(
                 "CREATE TABLE {r}_seen (key BIGINT NOT NULL, inc INT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
@@ -93,12 +177,16 @@ impl Ledger {
         Ok(())
     }
 
-    /// The effect of one body run.
-    pub(crate) async fn ran(&self, key: i64, inc: i32) -> Result<(), sqlx::Error> {
-        let q = format!("INSERT INTO {}_runs (key, inc) VALUES ($1, $2)", self.run);
+    /// The effect of one body run, under the claim of `owner`.
+    pub(crate) async fn ran(&self, key: i64, inc: i32, owner: i64) -> Result<(), sqlx::Error> {
+        let q = format!(
+            "INSERT INTO {}_runs (key, inc, owner) VALUES ($1, $2, $3)",
+            self.run
+        );
         sqlx::query(AssertSqlSafe(q))
             .bind(key)
             .bind(inc)
+            .bind(owner)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -129,11 +217,12 @@ impl Ledger {
         Ok(())
     }
 
-    pub(crate) async fn contents(&self) -> Result<Contents, String> {
+    /// The tables' contents, and the calls of the history files in `history`.
+    pub(crate) async fn contents(&self, history: &Path) -> Result<Contents, String> {
         let r = &self.run;
         let us = "(extract(epoch from at) * 1000000)::bigint";
         let runs = sqlx::query(AssertSqlSafe(format!(
-            "SELECT key, inc, {us} FROM {r}_runs ORDER BY key, at"
+            "SELECT key, inc, {us}, owner FROM {r}_runs ORDER BY key, at"
         )))
         .fetch_all(&self.pool)
         .await
@@ -143,6 +232,7 @@ impl Ledger {
             key: row.get(0),
             incarnation: row.get(1),
             at: row.get(2),
+            owner: row.get(3),
         })
         .collect();
         let seen = sqlx::query(AssertSqlSafe(format!("SELECT key, {us} FROM {r}_seen")))
@@ -165,7 +255,13 @@ impl Ledger {
             at: row.get(2),
         })
         .collect();
-        Ok(Contents { runs, seen, events })
+        let calls = History::read(history)?;
+        Ok(Contents {
+            runs,
+            seen,
+            events,
+            calls,
+        })
     }
 
     /// Cuts every PostgreSQL connection whose application name is `app` (the store's).

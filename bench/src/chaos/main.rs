@@ -16,12 +16,27 @@
 //! `--long` (10 minutes unless `--seconds` says otherwise), `--seed N`, `--keep` (keep the
 //! ledger tables).
 //!
+//! `--faults partition` replaces the store faults above with silent network partitions
+//! (see [`netns`]): workers run on virtual hosts in network namespaces and are cut from
+//! the store with nftables `drop` rules (no reset), then healed. With a URL store the
+//! workers reach it through a forwarder in this process, so the server itself is never
+//! touched; `redis-aof` runs its server on a virtual host; `redis-sentinel` runs its five
+//! servers on three virtual hosts and alternates a cut of workers from all of them with a
+//! split brain (the primary and some workers cut from the rest; a replica is promoted;
+//! both sides keep calling; healed). `--min-replicas N` sets the private Redis servers'
+//! `min-replicas-to-write` (lag 1 s; default 1 with partitions on `redis-sentinel`, else
+//! 0). `--faults` also names `pause` and `netem` (or `all`), separated by commas.
+//! Needs root, `ip` and `nft`.
+//!
+//! Each run records a history (every call with its start, end and outcome; every effect
+//! with its claim's owner; every fault) that [`check`] reads against the failure model.
 //! It prints a summary ending in `violations: N` and exits non-zero on any violation.
 //! Workers are this program run again with `--worker`; everything stops by itself.
 
 mod check;
 mod controller;
 mod ledger;
+mod netns;
 mod rng;
 mod servers;
 mod worker;
@@ -44,9 +59,61 @@ pub(crate) struct Opts {
     pub(crate) no_wait: bool,
     pub(crate) seed: u64,
     pub(crate) keep: bool,
+    /// The faults asked for with `--faults`; empty: kills and the store's own faults.
+    pub(crate) faults: Vec<Fault>,
+    /// `min-replicas-to-write` of the private Redis servers; `None`: the default.
+    pub(crate) min_replicas: Option<u32>,
+}
+
+/// A kind of fault `--faults` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Silent partitions in network namespaces (app ↔ store; Sentinel split brain).
+    Partition,
+    /// A worker stopped (SIGSTOP) inside its body past its lease.
+    Pause,
+    /// Slow and lossy links through a proxy.
+    Netem,
+}
+
+impl Fault {
+    const ALL: [Fault; 3] = [Fault::Partition, Fault::Pause, Fault::Netem];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Fault::Partition => "partition",
+            Fault::Pause => "pause",
+            Fault::Netem => "netem",
+        }
+    }
+
+    /// `partition`, `pause`, `netem`, `all`, or several separated by commas.
+    fn parse_list(s: &str) -> Result<Vec<Fault>, String> {
+        let mut out = Vec::new();
+        for name in s.split(',').map(str::trim) {
+            let add: &[Fault] = match name {
+                "all" => &Fault::ALL,
+                "partition" => &[Fault::Partition],
+                "pause" => &[Fault::Pause],
+                "netem" => &[Fault::Netem],
+                other => {
+                    return Err(format!(
+                        "--faults {other}: expected partition, pause, netem or all"
+                    ));
+                }
+            };
+            for f in add {
+                if !out.contains(f) {
+                    out.push(*f);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 const USAGE: &str = "usage: idem-chaos --store URL|redis-aof|redis-sentinel [--seconds N] [--long] \
+                     [--faults partition|pause|netem|all] [--min-replicas N] \
                      [--workers N] [--tasks N] [--keys N] [--ledger URL] [--no-wait] [--seed N] [--keep]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -60,6 +127,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         no_wait: false,
         seed: worker::now_ms(),
         keep: false,
+        faults: Vec::new(),
+        min_replicas: None,
     };
     let mut long = false;
     let mut it = args.iter();
@@ -80,6 +149,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--keys" => o.keys = Some(num(value()?)?),
             "--ledger" => o.ledger = value()?,
             "--seed" => o.seed = num(value()?)?,
+            "--faults" => o.faults = Fault::parse_list(&value()?)?,
+            "--min-replicas" => {
+                o.min_replicas = Some(u32::try_from(num(value()?)?).map_err(|e| e.to_string())?)
+            }
             "--no-wait" => o.no_wait = true,
             "--long" => long = true,
             "--keep" => o.keep = true,
@@ -121,7 +194,27 @@ fn on_loopback(url: &str) -> bool {
 }
 
 /// The store behind `url`, waiting for `replicas` replicas on each write (Redis only).
-pub(crate) async fn connect(url: &str, replicas: usize) -> Result<Arc<dyn Store>, String> {
+/// `small`: a PostgreSQL store gets a pool of [`SMALL_POOL`] and calls bounded by
+/// [`SMALL_TIMEOUT`] (partition runs: a cut call ends as soon as a Redis one does, and
+/// the connections a cut strands stay few).
+pub(crate) async fn connect(
+    url: &str,
+    replicas: usize,
+    small: bool,
+) -> Result<Arc<dyn Store>, String> {
+    if small && url.starts_with("postgres") {
+        let pool = idem_runtime::store::sql::sqlx::postgres::PgPoolOptions::new()
+            .max_connections(SMALL_POOL)
+            .acquire_timeout(SMALL_TIMEOUT)
+            .connect(url)
+            .await
+            .map_err(|e| format!("store {url}: {e}"))?;
+        let store = idem_runtime::SqlStore::from_pg_pool(pool)
+            .await
+            .map_err(|e| format!("store {url}: {e}"))?
+            .with_timeout(SMALL_TIMEOUT);
+        return Ok(Arc::new(store));
+    }
     if replicas == 0 {
         return idem_runtime::store::connect(url)
             .await
@@ -177,6 +270,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// A partition run's PostgreSQL pool per process.
+pub(crate) const SMALL_POOL: u32 = 4;
+/// A partition run's bound on a PostgreSQL call.
+pub(crate) const SMALL_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long to wait for workers to stop by themselves after the run.
 pub(crate) const GRACE: Duration = Duration::from_secs(15);
 
@@ -218,5 +316,30 @@ mod tests {
             5
         );
         assert!(parse(&args("--seconds 5")).is_err());
+    }
+
+    #[test]
+    fn faults_are_named_one_by_one_or_all() {
+        let args = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        assert!(parse(&args("--store redis-aof")).unwrap().faults.is_empty());
+        assert_eq!(
+            parse(&args("--store redis-sentinel --faults partition"))
+                .unwrap()
+                .faults,
+            vec![Fault::Partition]
+        );
+        assert_eq!(
+            parse(&args("--store redis-aof --faults netem,pause,netem"))
+                .unwrap()
+                .faults,
+            vec![Fault::Netem, Fault::Pause]
+        );
+        assert_eq!(
+            parse(&args("--store redis-aof --faults all"))
+                .unwrap()
+                .faults,
+            Fault::ALL.to_vec()
+        );
+        assert!(parse(&args("--store redis-aof --faults flood")).is_err());
     }
 }

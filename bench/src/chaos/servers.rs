@@ -3,10 +3,12 @@
 //! that kills it when this process dies, so no server outlives a run, even a killed one.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::netns::Host;
 
 /// A free loopback port.
 pub(crate) fn free_port() -> Result<u16, String> {
@@ -21,10 +23,10 @@ pub(crate) fn free_port() -> Result<u16, String> {
 }
 
 /// `PING` over a raw socket until `+PONG` or `within` passes.
-pub(crate) fn ping(port: u16, within: Duration) -> bool {
+pub(crate) fn ping(ip: Ipv4Addr, port: u16, within: Duration) -> bool {
     let until = Instant::now() + within;
     loop {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = std::net::SocketAddr::from((IpAddr::V4(ip), port));
         if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
             let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
             let mut buf = [0u8; 7];
@@ -42,19 +44,23 @@ pub(crate) fn ping(port: u16, within: Duration) -> bool {
     }
 }
 
-/// `redis-cli` against a loopback port; its stdout.
-pub(crate) fn cli(port: u16, args: &[&str]) -> String {
+/// `redis-cli` against a server; its stdout.
+pub(crate) fn cli(ip: Ipv4Addr, port: u16, args: &[&str]) -> String {
     Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-h", &ip.to_string(), "-p", &port.to_string()])
         .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
 }
 
-/// One private `redis-server` (or sentinel) on a loopback port.
+/// One private `redis-server` (or sentinel) on a loopback port, or on a virtual host.
 pub(crate) struct Node {
     pub(crate) port: u16,
+    /// 127.0.0.1, or the address of its host.
+    pub(crate) addr: Ipv4Addr,
+    /// The host it runs on, if not on loopback.
+    pub(crate) host: Option<Host>,
     dir: PathBuf,
     args: Vec<String>,
     conf: Option<String>,
@@ -62,12 +68,19 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn start(args: &[&str], conf: Option<String>) -> Result<Node, String> {
+    /// A server on `host` (listening on its address only), or on loopback.
+    pub(crate) fn start_on(
+        host: Option<&Host>,
+        args: &[&str],
+        conf: Option<String>,
+    ) -> Result<Node, String> {
         let port = free_port()?;
         let dir = std::env::temp_dir().join(format!("idem-chaos-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut n = Node {
             port,
+            addr: host.map_or(Ipv4Addr::LOCALHOST, |h| h.addr),
+            host: host.cloned(),
             dir,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             conf,
@@ -91,7 +104,7 @@ impl Node {
             "--port".to_owned(),
             self.port.to_string(),
             "--bind".to_owned(),
-            "127.0.0.1".to_owned(),
+            self.addr.to_string(),
             "--protected-mode".to_owned(),
             "no".to_owned(),
             "--dir".to_owned(),
@@ -112,7 +125,11 @@ impl Node {
             pidfile.display(),
             std::process::id()
         );
-        let child = Command::new("sh")
+        let mut cmd = match &self.host {
+            Some(h) => h.command("sh"),
+            None => Command::new("sh"),
+        };
+        let child = cmd
             .args(["-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -120,7 +137,7 @@ impl Node {
             .spawn()
             .map_err(|e| format!("sh: {e}"))?;
         self.child = Some(child);
-        if !ping(self.port, Duration::from_secs(10)) {
+        if !ping(self.addr, self.port, Duration::from_secs(10)) {
             let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
             return Err(format!(
                 "redis-server on port {} did not start (is redis-server installed?):\n{log}",
@@ -140,7 +157,7 @@ impl Node {
             let _ = c.wait();
         }
         let until = Instant::now() + Duration::from_secs(5);
-        while ping(self.port, Duration::ZERO) && Instant::now() < until {
+        while ping(self.addr, self.port, Duration::ZERO) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -152,7 +169,7 @@ impl Node {
     }
 
     pub(crate) fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        cli(self.addr, self.port, args)
     }
 }
 
@@ -168,11 +185,23 @@ pub(crate) struct Sentinels {
     pub(crate) service: String,
     pub(crate) nodes: Vec<Node>,
     pub(crate) sentinels: Vec<Node>,
+    /// The data nodes' `min-replicas-to-write` (0: off).
+    pub(crate) min_replicas: u32,
 }
 
 impl Sentinels {
-    pub(crate) fn start() -> Result<Sentinels, String> {
-        let data = [
+    /// On loopback, or on three hosts: the primary and a sentinel on the first, the
+    /// replica and a sentinel on the second, a sentinel alone on the third, so that
+    /// either data node can be cut off with one sentinel while two stay together.
+    /// `min_replicas`: the data nodes' `min-replicas-to-write` (with a lag of 1 s), 0 for
+    /// Redis' default (off).
+    pub(crate) fn start_on(
+        hosts: Option<&[Host; 3]>,
+        min_replicas: u32,
+    ) -> Result<Sentinels, String> {
+        let host = |i: usize| hosts.map(|h| &h[i]);
+        let min = min_replicas.to_string();
+        let mut data = vec![
             "--save",
             "",
             "--appendonly",
@@ -182,27 +211,38 @@ impl Sentinels {
             "--repl-diskless-sync-delay",
             "0",
         ];
-        let primary = Node::start(&data, None)?;
+        if min_replicas > 0 {
+            data.extend([
+                "--min-replicas-to-write",
+                &min,
+                "--min-replicas-max-lag",
+                "1",
+            ]);
+        }
+        let primary = Node::start_on(host(0), &data, None)?;
         let upstream = primary.port.to_string();
-        let mut rargs = data.to_vec();
-        rargs.extend(["--replicaof", "127.0.0.1", &upstream]);
-        let replica = Node::start(&rargs, None)?;
+        let upstream_ip = primary.addr.to_string();
+        let mut rargs = data.clone();
+        rargs.extend(["--replicaof", &upstream_ip, &upstream]);
+        let replica = Node::start_on(host(1), &rargs, None)?;
         let service = format!("chaos{}", primary.port);
         let conf = format!(
             "sentinel resolve-hostnames no\n\
-             sentinel monitor {service} 127.0.0.1 {port} 2\n\
+             sentinel monitor {service} {ip} {port} 2\n\
              sentinel down-after-milliseconds {service} 1000\n\
              sentinel failover-timeout {service} 3000\n\
              sentinel parallel-syncs {service} 1\n",
+            ip = primary.addr,
             port = primary.port
         );
         let sentinels = (0..3)
-            .map(|_| Node::start(&["--sentinel"], Some(conf.clone())))
+            .map(|i| Node::start_on(host(i), &["--sentinel"], Some(conf.clone())))
             .collect::<Result<Vec<_>, _>>()?;
         let set = Sentinels {
             service,
             nodes: vec![primary, replica],
             sentinels,
+            min_replicas,
         };
         set.wait(Duration::from_secs(30), |s| s.ready())
             .map_err(|()| {
@@ -212,10 +252,17 @@ impl Sentinels {
     }
 
     pub(crate) fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
+        self.url_from(0)
+    }
+
+    /// The URL with the sentinels listed from the `first`-th on (a client asks them in
+    /// order and takes the first answer in that order: an application lists the
+    /// sentinel of its own site first).
+    pub(crate) fn url_from(&self, first: usize) -> String {
+        let n = self.sentinels.len();
+        let hosts: Vec<String> = (0..n)
+            .map(|i| &self.sentinels[(first + i) % n])
+            .map(|s| format!("{}:{}", s.addr, s.port))
             .collect();
         format!("redis+sentinel://{}/{}", hosts.join(","), self.service)
     }
@@ -306,6 +353,27 @@ impl Sentinels {
         })
         .map_err(|()| "the old primary did not rejoin as a replica".to_owned())?;
         Ok(took)
+    }
+}
+
+impl Sentinels {
+    /// After the primary `old` was cut off with one sentinel: waits for the other two to
+    /// promote the replica. Returns how long it took.
+    pub(crate) fn wait_promoted(&self, old: usize) -> Result<Duration, String> {
+        let t = Instant::now();
+        self.wait(Duration::from_secs(30), |s| {
+            s.primary().is_some_and(|p| p != old)
+        })
+        .map_err(|()| "no promotion within 30 s of the split".to_owned())?;
+        Ok(t.elapsed())
+    }
+
+    /// After a split healed: waits until the old primary `old` streams from the new one.
+    pub(crate) fn wait_rejoined(&self, old: usize) -> Result<(), String> {
+        self.wait(Duration::from_secs(30), |s| {
+            s.primary().is_some_and(|p| p != old && s.online(p) >= 1)
+        })
+        .map_err(|()| "the old primary did not rejoin as a replica within 30 s".to_owned())
     }
 }
 

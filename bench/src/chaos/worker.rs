@@ -7,7 +7,7 @@
 //! acknowledged to this worker, or a replay came back) writes a "seen" row after it;
 //! from then on the failure model says the key's body must never run again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Subscription};
 use idem_runtime::{Error, Idem, Key, Options, Store};
 
-use super::ledger::Ledger;
+use super::ledger::{History, Ledger};
 use super::rng::Rng;
 
 /// The payments function's options: a short lease, so a killed worker's keys come back
@@ -38,6 +38,10 @@ pub(crate) struct Settings {
     pub(crate) tasks: usize,
     pub(crate) until_ms: u64,
     pub(crate) replicas: usize,
+    /// The run's history directory.
+    pub(crate) history: String,
+    /// Small pools and short PostgreSQL timeouts (partition runs).
+    pub(crate) small: bool,
 }
 
 impl Settings {
@@ -54,8 +58,18 @@ impl Settings {
             tasks: usize::try_from(num("IDEM_CHAOS_TASKS")?).map_err(|e| e.to_string())?,
             until_ms: num("IDEM_CHAOS_UNTIL")?,
             replicas: usize::try_from(num("IDEM_CHAOS_REPLICAS")?).map_err(|e| e.to_string())?,
+            history: var("IDEM_CHAOS_HISTORY")?,
+            small: num("IDEM_CHAOS_SMALL")? == 1,
         })
     }
+}
+
+/// Microseconds since the epoch, by this machine's clock (the ledger's too).
+pub(crate) fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -93,13 +107,24 @@ impl Counts {
 }
 
 /// The store, watched: remembers which keys' completions it acknowledged, so the
-/// caller can write them down as completed.
+/// caller can write them down as completed, and the owner of each claim it won, so the
+/// body can write it with its effect.
 pub(crate) struct Watched {
     inner: Arc<dyn Store>,
     acknowledged: Mutex<HashSet<Key>>,
+    owners: Mutex<HashMap<Key, Owner>>,
 }
 
 impl Watched {
+    /// The owner of the last claim of `key` this process won, folded to 64 bits (its
+    /// process half XOR its counter half).
+    fn owner(&self, key: &Key) -> i64 {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.get(key).map_or(0, |o| {
+            i64::from_ne_bytes(((o.0 >> 64) as u64 ^ o.0 as u64).to_ne_bytes())
+        })
+    }
+
     fn take(&self, key: &Key) -> bool {
         self.acknowledged
             .lock()
@@ -114,7 +139,16 @@ impl Store for Watched {
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
-        self.inner.claim(key, req)
+        Box::pin(async move {
+            let outcome = self.inner.claim(key, req).await;
+            if let Ok(ClaimOutcome::Claimed { .. }) = outcome {
+                self.owners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(*key, req.owner);
+            }
+            outcome
+        })
     }
 
     fn complete<'a>(
@@ -163,6 +197,7 @@ impl Store for Watched {
 }
 
 /// How one call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// The body ran here (and the store acknowledged its completion, or not).
     Ran {
@@ -174,10 +209,42 @@ pub(crate) enum Outcome {
     Unexpected(String),
 }
 
-/// One payment of `key` through `idem`, its effect written to `ledger` by incarnation `inc`.
+impl Outcome {
+    /// Its name in the history.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Outcome::Ran { acknowledged: true } => "ran",
+            Outcome::Ran {
+                acknowledged: false,
+            } => "ran-unacked",
+            Outcome::Replayed => "replayed",
+            Outcome::StoreError => "store-error",
+            Outcome::Busy => "busy",
+            Outcome::Unexpected(_) => "unexpected",
+        }
+    }
+}
+
+/// One payment of `key` through `idem`, its effect written to `ledger` by incarnation
+/// `inc`, the call to `history`.
 pub(crate) async fn pay(
     idem: &Idem,
-    watched: &Watched,
+    watched: &Arc<Watched>,
+    ledger: &Ledger,
+    history: &History,
+    inc: i32,
+    key: u64,
+    rng: &mut Rng,
+) -> Outcome {
+    let start = now_us();
+    let outcome = pay_once(idem, watched, ledger, inc, key, rng).await;
+    history.call(inc, key, start, now_us(), outcome.name());
+    outcome
+}
+
+async fn pay_once(
+    idem: &Idem,
+    watched: &Arc<Watched>,
     ledger: &Ledger,
     inc: i32,
     key: u64,
@@ -186,14 +253,15 @@ pub(crate) async fn pay(
     let ran = Arc::new(AtomicBool::new(false));
     let pause = Duration::from_millis(rng.below(20));
     let id = i64::try_from(key).unwrap_or(i64::MAX);
+    let rendered = idem.key(&PAY, format_args!("pay-{key}"));
     let body = {
-        let (ran, ledger) = (ran.clone(), ledger.clone());
+        let (ran, ledger, watched) = (ran.clone(), ledger.clone(), watched.clone());
         async move {
             ran.store(true, Ordering::SeqCst);
-            // The effect; if it cannot be written, it did not happen and the key is
-            // released for a retry.
+            // The effect, with the claim it ran under; if it cannot be written, it did
+            // not happen and the key is released for a retry.
             ledger
-                .ran(id, inc)
+                .ran(id, inc, watched.owner(&rendered))
                 .await
                 .map_err(|e| Error::Store(Box::new(e)))?;
             // A body takes a while, so that kills land in the middle of some.
@@ -202,7 +270,6 @@ pub(crate) async fn pay(
         }
     };
     let result = idem.dedup(&PAY, format!("pay-{key}"), body).await;
-    let rendered = idem.key(&PAY, format_args!("pay-{key}"));
     let acknowledged = watched.take(&rendered);
     let ran = ran.load(Ordering::SeqCst);
     match result {
@@ -220,11 +287,13 @@ pub(crate) async fn open(
     store: &str,
     replicas: usize,
     namespace: &str,
+    small: bool,
 ) -> Result<(Idem, Arc<Watched>), String> {
-    let inner = super::connect(store, replicas).await?;
+    let inner = super::connect(store, replicas, small).await?;
     let watched = Arc::new(Watched {
         inner,
         acknowledged: Mutex::default(),
+        owners: Mutex::default(),
     });
     let idem = Idem::builder()
         .shared_store(watched.clone())
@@ -235,17 +304,19 @@ pub(crate) async fn open(
 
 /// The worker's main: runs `tasks` payment loops until the deadline, printing counts.
 pub(crate) async fn run(s: Settings) -> Result<(), String> {
-    let ledger = Ledger::open(&s.ledger, &s.run).await?;
-    let (idem, watched) = open(&s.store, s.replicas, &s.run).await?;
+    let ledger = Ledger::open(&s.ledger, &s.run, if s.small { 4 } else { 8 }).await?;
+    let history = Arc::new(History::create(&s.history, s.incarnation)?);
+    let (idem, watched) = open(&s.store, s.replicas, &s.run, s.small).await?;
     let counts = Arc::new(Counts::default());
     let parent = std::os::unix::process::parent_id();
     let mut tasks = Vec::new();
     for t in 0..s.tasks {
-        let (idem, watched, ledger, counts) = (
+        let (idem, watched, ledger, counts, history) = (
             idem.clone(),
             watched.clone(),
             ledger.clone(),
             counts.clone(),
+            history.clone(),
         );
         let (keys, until, inc) = (s.keys, s.until_ms, s.incarnation);
         tasks.push(tokio::spawn(async move {
@@ -255,7 +326,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
             while now_ms() < until && std::os::unix::process::parent_id() == parent {
                 let key = rng.below(keys);
                 counts.calls.fetch_add(1, Ordering::Relaxed);
-                match pay(&idem, &watched, &ledger, inc, key, &mut rng).await {
+                match pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await {
                     Outcome::Ran { acknowledged } => {
                         counts.ran.fetch_add(1, Ordering::Relaxed);
                         if acknowledged {
