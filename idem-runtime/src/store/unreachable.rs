@@ -72,12 +72,7 @@ impl Unreachable {
     /// `backend`'s `server` (`host:port`, the nodes or sentinels, or a file), named in
     /// messages as `target`; `detail` is the client's own message.
     #[cfg_attr(
-        not(any(
-            feature = "redis",
-            feature = "postgres",
-            feature = "mysql",
-            feature = "sqlite"
-        )),
+        not(any(feature = "redis", feature = "postgres", feature = "mysql")),
         allow(dead_code)
     )]
     pub(crate) fn new(

@@ -47,6 +47,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::dialect::Dialect;
 use super::BoxFuture;
 use super::local_blooms::Blooms;
 use crate::Error;
@@ -54,6 +55,7 @@ use crate::Error;
 #[cfg(feature = "postgres")]
 mod batch;
 mod caller_tx;
+mod dialect;
 mod inspection;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -71,14 +73,13 @@ mod unreachable;
 // The record's vocabulary, for the backends (`super::…`).
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 use self::record::IN_PROGRESS;
+#[cfg(feature = "postgres")]
+use self::record::is_lock_wait;
 #[cfg(feature = "sqlite")]
 use self::record::{FREE, ISSUED};
 use self::record::{
-    KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, is_lock_wait, kind_code, owner_bytes, sql_err,
-    us,
+    KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, kind_code, owner_bytes, sql_err, us,
 };
-#[cfg(feature = "postgres")]
-use self::store_impl::PgBatches;
 use self::store_impl::Watchers;
 
 /// The one error of every store that cannot be reached, here too for its old path.
@@ -117,22 +118,6 @@ fn pool_options<DB: sqlx::Database>(max: u32) -> sqlx::pool::PoolOptions<DB> {
 /// A pooled connection idle longer than this is pinged before use.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
-/// The backend behind a [`SqlStore`].
-#[derive(Clone)]
-enum Backend {
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-    #[cfg(feature = "mysql")]
-    MySql {
-        pool: sqlx::MySqlPool,
-        /// MariaDB ≥ 10.5 answers `INSERT … ON DUPLICATE KEY UPDATE … RETURNING`, so a claim
-        /// and its replay take one round trip; MySQL needs a second statement to read.
-        returning: bool,
-    },
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-}
-
 /// Records in a SQL database: PostgreSQL, MySQL/MariaDB or SQLite (cargo features
 /// `postgres`, `mysql`, `sqlite`).
 ///
@@ -152,7 +137,8 @@ enum Backend {
 /// ```
 #[derive(Clone)]
 pub struct SqlStore {
-    backend: Backend,
+    /// The database's statements and pool.
+    dialect: Arc<dyn Dialect>,
     timeout: Duration,
     async_claim_commit: bool,
     watchers: Arc<Watchers>,
@@ -162,7 +148,7 @@ pub struct SqlStore {
     blooms: Arc<Blooms>,
     /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
     #[cfg(feature = "postgres")]
-    batches: Arc<PgBatches>,
+    batches: Arc<postgres::PgBatches>,
 }
 
 impl fmt::Debug for SqlStore {
@@ -277,7 +263,7 @@ impl SqlStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn from_pg_pool(pool: sqlx::PgPool) -> Result<SqlStore, Error> {
         postgres::migrate(&pool).await?;
-        Ok(SqlStore::new(Backend::Postgres(pool)))
+        Ok(SqlStore::new(Arc::new(postgres::PgDialect { pool })))
     }
 
     /// A store on a MySQL or MariaDB pool the application already has. Creates or
@@ -295,7 +281,10 @@ impl SqlStore {
     pub async fn from_mysql_pool(pool: sqlx::MySqlPool) -> Result<SqlStore, Error> {
         mysql::migrate(&pool).await?;
         let returning = mysql::supports_returning(&pool).await?;
-        Ok(SqlStore::new(Backend::MySql { pool, returning }))
+        Ok(SqlStore::new(Arc::new(mysql::MySqlDialect {
+            pool,
+            returning,
+        })))
     }
 
     /// A store on a SQLite pool the application already has. Creates or upgrades idem's
@@ -312,12 +301,12 @@ impl SqlStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn from_sqlite_pool(pool: sqlx::SqlitePool) -> Result<SqlStore, Error> {
         sqlite::migrate(&pool).await?;
-        Ok(SqlStore::new(Backend::Sqlite(pool)))
+        Ok(SqlStore::new(Arc::new(sqlite::SqliteDialect { pool })))
     }
 
-    fn new(backend: Backend) -> SqlStore {
+    fn new(dialect: Arc<dyn Dialect>) -> SqlStore {
         SqlStore {
-            backend,
+            dialect,
             timeout: DEFAULT_TIMEOUT,
             async_claim_commit: false,
             watchers: Arc::default(),
@@ -366,13 +355,12 @@ impl SqlStore {
         // By value rather than `mut self`: without the `mysql` feature there is nothing
         // to change, and an unused `mut` would warn.
         #[cfg(feature = "mysql")]
-        #[allow(irrefutable_let_patterns)]
-        if let Backend::MySql { pool, .. } = self.backend {
-            let backend = Backend::MySql {
+        if let Some(pool) = self.mysql_pool().cloned() {
+            let dialect = Arc::new(mysql::MySqlDialect {
                 pool,
                 returning: false,
-            };
-            return SqlStore { backend, ..self };
+            });
+            return SqlStore { dialect, ..self };
         }
         self
     }
@@ -381,57 +369,31 @@ impl SqlStore {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn pg_pool(&self) -> Option<&sqlx::PgPool> {
-        match &self.backend {
-            Backend::Postgres(p) => Some(p),
-            #[allow(unreachable_patterns)]
-            _ => None,
-        }
+        self.dialect.pool().downcast_ref()
     }
 
     /// The MySQL pool, if this store runs on MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn mysql_pool(&self) -> Option<&sqlx::MySqlPool> {
-        match &self.backend {
-            Backend::MySql { pool, .. } => Some(pool),
-            #[allow(unreachable_patterns)]
-            _ => None,
-        }
+        self.dialect.pool().downcast_ref()
     }
 
     /// The SQLite pool, if this store runs on SQLite.
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
-        match &self.backend {
-            Backend::Sqlite(p) => Some(p),
-            #[allow(unreachable_patterns)]
-            _ => None,
-        }
+        self.dialect.pool().downcast_ref()
     }
 
     /// `"postgres"`, `"mysql"` (MySQL or MariaDB) or `"sqlite"`.
     pub fn backend_name(&self) -> &'static str {
-        match &self.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(_) => "postgres",
-            #[cfg(feature = "mysql")]
-            Backend::MySql { .. } => "mysql",
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => "sqlite",
-        }
+        self.dialect.name()
     }
 
     /// Closes the pool: waits for connections in use to be returned, then closes them.
     pub async fn close(&self) {
-        match &self.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres(p) => p.close().await,
-            #[cfg(feature = "mysql")]
-            Backend::MySql { pool, .. } => pool.close().await,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(p) => p.close().await,
-        }
+        self.dialect.close().await
     }
 }
 

@@ -18,7 +18,8 @@ use sqlx::{Row, SqlSafeStr};
 
 use super::inspection::Inspected;
 use super::{
-    IN_PROGRESS, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us,
+    BoxFuture, IN_PROGRESS, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err,
+    us,
 };
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
@@ -538,4 +539,145 @@ pub(super) async fn count(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Error::store)
+}
+
+/// The [`Dialect`](super::dialect::Dialect) of MySQL and MariaDB: the statements above,
+/// on one pool.
+pub(super) struct MySqlDialect {
+    pub(super) pool: MySqlPool,
+    /// MariaDB ≥ 10.5 answers `INSERT … ON DUPLICATE KEY UPDATE … RETURNING`, so a claim
+    /// and its replay take one round trip; MySQL needs a second statement to read.
+    pub(super) returning: bool,
+}
+
+impl super::dialect::Dialect for MySqlDialect {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn store_name(&self) -> &'static str {
+        "sql-mysql"
+    }
+
+    fn pool(&self) -> &dyn std::any::Any {
+        &self.pool
+    }
+
+    fn probe(&self, within: Duration) -> BoxFuture<'_, Result<(), crate::store::Unreachable>> {
+        Box::pin(async move {
+            let o = self.pool.connect_options();
+            let server = format!("{}:{}", o.get_host(), o.get_port());
+            super::unreachable::probe(&*o, "MySQL", server, within).await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        _store: &'a super::SqlStore,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let mut c = self.pool.acquire().await.map_err(Error::store)?;
+            claim(&mut c, self.returning, false, key, req).await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        _store: &'a super::SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a bytes::Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut c = self.pool.acquire().await.map_err(Error::store)?;
+            complete(&mut c, key, owner, value, ttl).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(release(&self.pool, key, owner))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(renew(&self.pool, key, owner, lease))
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut c = self.pool.acquire().await.map_err(Error::store)?;
+            issue(&mut c, self.returning, key, ttl).await
+        })
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
+        Box::pin(inspect(&self.pool, key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(forget(&self.pool, key))
+    }
+
+    fn count<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
+        Box::pin(count(&self.pool, namespace))
+    }
+
+    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(purge(&self.pool, batch))
+    }
+
+    fn claim_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<MySqlConnection>(self.name(), conn)?;
+            claim(conn, self.returning, true, key, req).await
+        })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<MySqlConnection>(self.name(), conn)?;
+            complete(conn, key, owner, value, ttl).await
+        })
+    }
+
+    fn execute_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        sql: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<MySqlConnection>(self.name(), conn)?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(conn)
+                .await
+                .map(drop)
+                .map_err(Error::store)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
 }

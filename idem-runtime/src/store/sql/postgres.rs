@@ -7,6 +7,8 @@
 //! caller runs the statement again. The conditional `DO UPDATE` re-checks the row under
 //! its lock, so of any number of concurrent claims exactly one wins.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +18,10 @@ use sqlx::{Row, SqlSafeStr};
 
 use super::batch::Job;
 use super::inspection::Inspected;
-use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
+use super::{
+    BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, is_lock_wait, kind_code, owner_bytes, sql_err,
+    us,
+};
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
 
@@ -580,4 +585,237 @@ pub(super) async fn count(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Error::store)
+}
+
+/// The [`Dialect`](super::dialect::Dialect) of PostgreSQL: the statements above, on one
+/// pool; claims and completions batched when the store is busy (the `batch` module).
+pub(super) struct PgDialect {
+    pub(super) pool: PgPool,
+}
+
+impl PgDialect {
+    /// A claim in a batch when the store is busy, else on a connection of its own.
+    /// Token claims, and claims of a key that an open transaction held a moment ago,
+    /// always run alone.
+    async fn claim_batched(
+        &self,
+        store: &super::SqlStore,
+        key: &Key,
+        req: &ClaimRequest,
+    ) -> Result<Option<Snapshot>, Error> {
+        let pool = &self.pool;
+        let async_commit = store.async_claim_commit;
+        let batches = &store.batches;
+        if req.kind != ClaimKind::Token && !batches.recently_held(key) {
+            let batcher = if async_commit {
+                &batches.async_claims
+            } else {
+                &batches.claims
+            };
+            let result = match batcher.alone(pool) {
+                Some(mut c) => claim(&mut c, key, req, false, async_commit).await,
+                None => match batcher
+                    .submit(pool, store.timeout, Claim::new(key, req))
+                    .await
+                {
+                    Ok(snap) => snap.transpose().map_err(|e| sql_err(Some(key), e)),
+                    // Its batch waited out a row lock (or deadlocked) on some key: run
+                    // this claim alone, so that key answers only for itself.
+                    Err(e) if super::batch::rolled_back_for_a_row(&e) => {
+                        let mut c = pool.acquire().await.map_err(Error::store)?;
+                        claim(&mut c, key, req, false, async_commit).await
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            return batches.note_held(key, result);
+        }
+        let mut c = pool.acquire().await.map_err(Error::store)?;
+        let result = claim(&mut c, key, req, false, async_commit).await;
+        batches.note_held(key, result)
+    }
+}
+
+impl super::dialect::Dialect for PgDialect {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn store_name(&self) -> &'static str {
+        "sql-postgres"
+    }
+
+    fn pool(&self) -> &dyn std::any::Any {
+        &self.pool
+    }
+
+    fn probe(&self, within: Duration) -> BoxFuture<'_, Result<(), crate::store::Unreachable>> {
+        Box::pin(async move {
+            let o = self.pool.connect_options();
+            let server = format!("{}:{}", o.get_host(), o.get_port());
+            super::unreachable::probe(&*o, "PostgreSQL", server, within).await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        store: &'a super::SqlStore,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(self.claim_batched(store, key, req))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        store: &'a super::SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let batcher = &store.batches.completions;
+            if let Some(mut c) = batcher.alone(&self.pool) {
+                return complete(&mut c, key, owner, value, ttl).await;
+            }
+            let item = Completion {
+                id: *key.digest(),
+                owner: owner_bytes(owner),
+                value: value.clone(),
+                ttl_us: us(ttl),
+            };
+            batcher.submit(&self.pool, store.timeout, item).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(release(&self.pool, key, owner))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(renew(&self.pool, key, owner, lease))
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(issue(&self.pool, key, ttl))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
+        Box::pin(inspect(&self.pool, key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(forget(&self.pool, key))
+    }
+
+    fn count<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
+        Box::pin(count(&self.pool, namespace))
+    }
+
+    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(purge(&self.pool, batch))
+    }
+
+    fn claim_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
+            claim(conn, key, req, true, false).await
+        })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
+            complete(conn, key, owner, value, ttl).await
+        })
+    }
+
+    fn execute_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        sql: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(conn)
+                .await
+                .map(drop)
+                .map_err(Error::store)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
+}
+
+/// The batch queues of a PostgreSQL store.
+pub(super) struct PgBatches {
+    pub(super) claims: Arc<super::batch::Batcher<Claims>>,
+    pub(super) async_claims: Arc<super::batch::Batcher<Claims>>,
+    pub(super) completions: Arc<super::batch::Batcher<Completions>>,
+    /// Keys whose claim found the row locked by an open transaction (a transactional-mode
+    /// twin), and when. Their claims stay out of batches for [`HELD_ALONE`], so one
+    /// long-held key does not stall batch after batch of other keys.
+    held: Mutex<HashMap<[u8; 16], std::time::Instant>>,
+}
+
+/// How long a key whose row was found locked keeps out of batches.
+const HELD_ALONE: Duration = Duration::from_secs(2);
+
+impl PgBatches {
+    pub(super) fn recently_held(&self, key: &Key) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(key.digest())
+            .is_some_and(|at| at.elapsed() < HELD_ALONE)
+    }
+
+    /// Passes `result` on, remembering its key if it waited out a row lock.
+    pub(super) fn note_held<T>(&self, key: &Key, result: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &result
+            && is_lock_wait(e)
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held.len() >= 1024 {
+                held.retain(|_, at| at.elapsed() < HELD_ALONE);
+            }
+            held.insert(*key.digest(), std::time::Instant::now());
+        }
+        result
+    }
+}
+
+impl Default for PgBatches {
+    fn default() -> Self {
+        PgBatches {
+            claims: Arc::new(super::batch::Batcher::new(Claims {
+                async_commit: false,
+            })),
+            async_claims: Arc::new(super::batch::Batcher::new(Claims { async_commit: true })),
+            completions: Arc::new(super::batch::Batcher::new(Completions)),
+            held: Mutex::default(),
+        }
+    }
 }

@@ -2,13 +2,7 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "mysql")]
-use super::mysql;
-#[cfg(feature = "postgres")]
-use super::postgres;
-#[cfg(feature = "sqlite")]
-use super::sqlite;
-use super::{Backend, SqlStore};
+use super::SqlStore;
 use crate::Error;
 
 impl SqlStore {
@@ -23,17 +17,7 @@ impl SqlStore {
     /// ```
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, Error> {
         let batch = i64::from(batch.max(1));
-        self.bounded(async {
-            match &self.backend {
-                #[cfg(feature = "postgres")]
-                Backend::Postgres(p) => postgres::purge(p, batch).await,
-                #[cfg(feature = "mysql")]
-                Backend::MySql { pool, .. } => mysql::purge(pool, batch).await,
-                #[cfg(feature = "sqlite")]
-                Backend::Sqlite(p) => sqlite::purge(p, batch).await,
-            }
-        })
-        .await
+        self.bounded(self.dialect.purge(batch)).await
     }
 
     /// Spawns a task (on the current tokio runtime) that purges expired records every

@@ -15,8 +15,8 @@ use sqlx::{Row, SqlSafeStr};
 
 use super::inspection::Inspected;
 use super::{
-    FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes,
-    sql_err, us,
+    BoxFuture, FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code,
+    owner_bytes, sql_err, us,
 };
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
@@ -390,4 +390,135 @@ pub(super) async fn count(
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Error::store)
+}
+
+/// The [`Dialect`](super::dialect::Dialect) of SQLite: the statements above, on one pool.
+pub(super) struct SqliteDialect {
+    pub(super) pool: SqlitePool,
+}
+
+impl super::dialect::Dialect for SqliteDialect {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn store_name(&self) -> &'static str {
+        "sql-sqlite"
+    }
+
+    fn pool(&self) -> &dyn std::any::Any {
+        &self.pool
+    }
+
+    /// A file: the pool fails at once with the file's own error.
+    fn probe(&self, _within: Duration) -> BoxFuture<'_, Result<(), crate::store::Unreachable>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        _store: &'a super::SqlStore,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let mut c = self.pool.acquire().await.map_err(Error::store)?;
+            claim(&mut c, key, req).await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        _store: &'a super::SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a bytes::Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut c = self.pool.acquire().await.map_err(Error::store)?;
+            complete(&mut c, key, owner, value, ttl).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(release(&self.pool, key, owner))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(renew(&self.pool, key, owner, lease))
+    }
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(issue(&self.pool, key, ttl))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
+        Box::pin(inspect(&self.pool, key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(forget(&self.pool, key))
+    }
+
+    fn count<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
+        Box::pin(count(&self.pool, namespace))
+    }
+
+    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(purge(&self.pool, batch))
+    }
+
+    fn claim_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
+            claim(conn, key, req).await
+        })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
+            complete(conn, key, owner, value, ttl).await
+        })
+    }
+
+    fn execute_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        sql: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(conn)
+                .await
+                .map(drop)
+                .map_err(Error::store)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
 }

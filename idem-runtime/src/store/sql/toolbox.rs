@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{Backend, SqlStore, owner_bytes, sql_err, us};
+use super::{SqlStore, owner_bytes, sql_err, us};
 use crate::store::{
     BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
     VersionedStore,
@@ -41,9 +41,10 @@ struct StateRow {
     lease_left_us: Option<i64>,
 }
 
-/// One SQL dialect: the few spellings that differ. Statements are written with `?`
+/// The few spellings of the toolbox's statements that differ between databases (the
+/// claim records' statements are each database's [`Dialect`](super::dialect::Dialect)). Statements are written with `?`
 /// placeholders, renumbered to `$n` for PostgreSQL.
-struct Dialect {
+struct Spelling {
     now: &'static str,
     numbered: bool,
     greatest: &'static str,
@@ -51,7 +52,7 @@ struct Dialect {
     on_conflict_ignore: &'static str,
 }
 
-impl Dialect {
+impl Spelling {
     fn sql(&self, text: &str) -> String {
         let text = text
             .replace("{now}", self.now)
@@ -78,7 +79,7 @@ impl Dialect {
 }
 
 #[cfg(feature = "postgres")]
-const POSTGRES: Dialect = Dialect {
+const POSTGRES: Spelling = Spelling {
     now: "(extract(epoch from now()) * 1000000)::int8",
     numbered: true,
     greatest: "GREATEST",
@@ -86,7 +87,7 @@ const POSTGRES: Dialect = Dialect {
     on_conflict_ignore: "ON CONFLICT (id) DO NOTHING",
 };
 #[cfg(feature = "mysql")]
-const MYSQL: Dialect = Dialect {
+const MYSQL: Spelling = Spelling {
     now: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
     numbered: false,
     greatest: "GREATEST",
@@ -94,7 +95,7 @@ const MYSQL: Dialect = Dialect {
     on_conflict_ignore: "",
 };
 #[cfg(feature = "sqlite")]
-const SQLITE: Dialect = Dialect {
+const SQLITE: Spelling = Spelling {
     now: "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
     numbered: false,
     greatest: "MAX",
@@ -114,28 +115,32 @@ fn expiry(ttl: Option<Duration>) -> (&'static str, Option<i64>) {
 /// the query builder; `$run` receives the built query and the executor.
 macro_rules! on_backend {
     ($store:expr, $text:expr, |$q:ident| $bind:expr, |$b:ident, $pool:ident| $run:expr) => {{
-        match &$store.backend {
+        #[allow(clippy::never_loop)]
+        loop {
             #[cfg(feature = "postgres")]
-            Backend::Postgres($pool) => {
+            if let Some($pool) = $store.pg_pool() {
                 let sql = POSTGRES.sql($text);
                 let $q = sqlx::query(AssertSqlSafe(sql));
                 let $b = $bind;
-                $run
+                break $run;
             }
             #[cfg(feature = "mysql")]
-            Backend::MySql { pool: $pool, .. } => {
+            if let Some($pool) = $store.mysql_pool() {
                 let sql = MYSQL.sql($text);
                 let $q = sqlx::query(AssertSqlSafe(sql));
                 let $b = $bind;
-                $run
+                break $run;
             }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite($pool) => {
+            if let Some($pool) = $store.sqlite_pool() {
                 let sql = SQLITE.sql($text);
                 let $q = sqlx::query(AssertSqlSafe(sql));
                 let $b = $bind;
-                $run
+                break $run;
             }
+            break Err(Error::Unsupported(
+                "a SQL database without its cargo feature",
+            ));
         }
     }};
 }
@@ -435,16 +440,15 @@ impl SqlStore {
         for table in ["idem_values", "idem_states"] {
             // The subquery keeps each statement bounded; MySQL cannot LIMIT a subquery on
             // the table it deletes from, but can LIMIT a DELETE itself.
-            let text = match &self.backend {
-                #[cfg(feature = "mysql")]
-                Backend::MySql { .. } => format!(
+            let text = if self.backend_name() == "mysql" {
+                format!(
                     "DELETE FROM {table} WHERE expires_us <= {{now}} ORDER BY expires_us LIMIT ?"
-                ),
-                #[allow(unreachable_patterns)]
-                _ => format!(
+                )
+            } else {
+                format!(
                     "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} \
                      WHERE expires_us <= {{now}} LIMIT ?) AND expires_us <= {{now}}"
-                ),
+                )
             };
             deleted += self
                 .bounded(async {
@@ -508,7 +512,7 @@ mod tests {
 
     #[test]
     fn placeholders_are_numbered_for_postgres_only() {
-        let d = Dialect {
+        let d = Spelling {
             now: "NOW",
             numbered: true,
             greatest: "G",
@@ -519,7 +523,7 @@ mod tests {
             d.sql("{insert_ignore} t VALUES (?, ?) {on_conflict_ignore} WHERE x > {now} AND {greatest}(?)"),
             "II t VALUES ($1, $2) OC WHERE x > NOW AND G($3)"
         );
-        let d = Dialect {
+        let d = Spelling {
             numbered: false,
             ..d
         };

@@ -15,7 +15,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::Error;
-use crate::store::{Cause, Unreachable};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::store::Cause;
+use crate::store::Unreachable;
 
 /// How long a store call waits for the pool before looking at the server itself.
 pub(super) const PROBE_AFTER: Duration = Duration::from_millis(300);

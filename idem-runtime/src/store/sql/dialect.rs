@@ -1,0 +1,122 @@
+//! [`Dialect`]: one SQL database's statements for the claim records, implemented once per
+//! database in `postgres.rs`, `mysql.rs` and `sqlite.rs`, each on its own pool. A
+//! [`SqlStore`] holds one behind an `Arc<dyn Dialect>`, so its `Store` methods call
+//! through the trait instead of matching on the database in every method (as sqlx's
+//! drivers implement one backend trait each).
+//!
+//! Every method is one atomic statement (or, where a database needs two, the pair its
+//! file documents) decided by the database's clock. What is the same for every database
+//! (bounding calls by the timeout, waking waiters, turning a row into a claim outcome)
+//! stays in the store.
+
+use std::any::Any;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::inspection::Inspected;
+use super::record::Snapshot;
+use super::{BoxFuture, SqlStore};
+use crate::store::{ClaimRequest, Owner, TxConnection, Unreachable};
+use crate::{Error, Key};
+
+/// One row of `idem stats`: namespace, function, state, count.
+pub(super) type CountRow = (String, String, i16, i64);
+
+/// One SQL database's claim-record statements; see the [module docs](self).
+pub(super) trait Dialect: Send + Sync + 'static {
+    /// `"postgres"`, `"mysql"` (MySQL or MariaDB) or `"sqlite"`.
+    fn name(&self) -> &'static str;
+
+    /// The store's name in logs: `"sql-postgres"`, ...
+    fn store_name(&self) -> &'static str;
+
+    /// The database's pool (`sqlx::PgPool`, ...), for the typed accessors.
+    fn pool(&self) -> &dyn Any;
+
+    /// One connection attempt beside the pool, to name why the server is unreachable.
+    fn probe(&self, within: Duration) -> BoxFuture<'_, Result<(), Unreachable>>;
+
+    /// Claims `key` on a pooled connection (PostgreSQL: batched with concurrent claims
+    /// of `store` when it is busy). `None`: the statement lost a race, claim again.
+    fn claim<'a>(
+        &'a self,
+        store: &'a SqlStore,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>>;
+
+    /// Completes `key` for `owner` (PostgreSQL: batched when `store` is busy).
+    fn complete<'a>(
+        &'a self,
+        store: &'a SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>>;
+
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn count<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<CountRow>, Error>>;
+
+    /// Deletes up to `batch` expired records.
+    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>>;
+
+    /// Claims `key` inside the transaction on `conn` (a connection of this database).
+    fn claim_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>>;
+
+    /// Completes `key` inside the transaction on `conn`.
+    fn complete_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Runs one statement without parameters (savepoints) on `conn`.
+    fn execute_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        sql: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Waits for connections in use to be returned, then closes them.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The connection of a transaction on this database, or the error a transaction on
+/// another database is.
+pub(super) fn own_conn<'c, C: 'static>(
+    name: &str,
+    conn: &'c mut TxConnection,
+) -> Result<&'c mut C, Error> {
+    conn.downcast_mut::<C>().ok_or_else(|| {
+        Error::Config(format!(
+            "the transaction is on another database than the runtime's sql-{name} store"
+        ))
+    })
+}
