@@ -113,10 +113,11 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
-pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
+pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, StepInfo, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::call_ctx::call_key;
 pub use strategy::lock::fence;
+pub use strategy::step::{StepCtx, Verified, step};
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(

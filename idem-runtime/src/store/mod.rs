@@ -16,7 +16,8 @@
 //! - [`Store::local`] → [`LocalStore`]: the in-process fast path;
 //! - [`Store::versioned`] → [`VersionedStore`]: versioned values (optimistic concurrency);
 //! - [`Store::states`] → [`StateStore`]: state records (state machines);
-//! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps.
+//! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps;
+//! - [`Store::journal`] → [`JournalStore`]: step journals (durable steps), see [`journal`].
 //!
 //! A strategy that needs a capability the store lacks answers [`Error::Unsupported`].
 
@@ -31,11 +32,13 @@ use crate::{Error, Key};
 
 mod claim;
 mod inspection;
+pub mod journal;
 mod local;
 pub mod memory;
 mod toolbox;
 pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
 pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
+pub use journal::{Journal, JournalEntry, JournalStore, StepInfo};
 pub use local::{LocalStore, Memo};
 pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
@@ -164,6 +167,13 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Step journals (durable steps), if this store keeps them; the contract, which
+    /// also concerns `claim`, `complete` and `forget`, is in [`journal`]. Default:
+    /// `None`, and [`step`](crate::step) answers [`Error::Unsupported`].
+    fn journal(&self) -> Option<&dyn JournalStore> {
+        None
+    }
+
     /// A short name for logs ("memory", "redis", ...).
     fn name(&self) -> &'static str {
         "custom"
@@ -240,6 +250,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn blooms(&self) -> Option<&dyn BloomStore> {
         (**self).blooms()
     }
+    fn journal(&self) -> Option<&dyn JournalStore> {
+        (**self).journal()
+    }
     fn name(&self) -> &'static str {
         (**self).name()
     }
@@ -270,6 +283,7 @@ mod tests {
             assert!(s.versioned().is_some());
             assert!(s.states().is_some());
             assert!(s.blooms().is_some());
+            assert!(s.journal().is_some());
             assert_eq!(s.name(), "memory");
         }
     }
