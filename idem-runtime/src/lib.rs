@@ -117,7 +117,6 @@ pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, StepInfo, St
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::call_ctx::call_key;
 pub use strategy::lock::fence;
-pub use strategy::step::{StepCtx, Verified, step};
 pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
@@ -126,6 +125,7 @@ pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_o
 )]
 pub use strategy::state_machine::StateColumn;
 pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
+pub use strategy::step::{StepCtx, Verified, step};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -114,12 +114,7 @@ impl StepOutcome {
 
 /// The span of step `step` of `function`, its outcome still empty.
 pub(crate) fn step_span(function: &'static str, step: &str) -> tracing::Span {
-    tracing::info_span!(
-        STEP_SPAN,
-        function,
-        step,
-        outcome = tracing::field::Empty,
-    )
+    tracing::info_span!(STEP_SPAN, function, step, outcome = tracing::field::Empty,)
 }
 
 /// Records how a step ended: the current span's field and `idem_steps_total`.

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::call_ctx::{self, StepFrame};
-use super::step::take_journal;
 use super::claim::{
     ClaimGuard, claim_memo, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
 };
+use super::step::take_journal;
 use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;

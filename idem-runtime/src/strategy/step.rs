@@ -51,10 +51,10 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
 use super::call_ctx::{self, StepStart};
+use crate::Error;
 use crate::codec::{decode_step, encode_step};
 use crate::observe::{self, StepOutcome};
 use crate::store::{ClaimOutcome, Journal};
-use crate::Error;
 
 /// What a step's closure gets: its downstream idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +143,10 @@ impl<'n> Verified<'n> {
     /// step's [`StepCtx`] when its intent is journaled without a result; `Ok(Some(v))`
     /// if it did (`v` becomes the step's value), `Ok(None)` if it did not (the step
     /// runs).
-    pub fn verify<V>(self, verify: V) -> Verified<'n, V> {
+    pub fn verify<V, VFut>(self, verify: V) -> Verified<'n, V>
+    where
+        V: FnOnce(StepCtx) -> VFut,
+    {
         Verified {
             name: self.name,
             verify,
@@ -186,7 +189,9 @@ where
     };
     let function = start.function;
     let span = observe::step_span(function, name);
-    let out = attempt(start, name, verify, f).instrument(span.clone()).await;
+    let out = attempt(start, name, verify, f)
+        .instrument(span.clone())
+        .await;
     let _entered = span.enter();
     match out {
         Ok((value, outcome)) => {
@@ -292,7 +297,10 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
 /// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
 pub(crate) fn take_journal<X>(
     claimed: Result<(Option<ClaimOutcome>, X, bool), Error>,
-) -> (Result<(Option<ClaimOutcome>, X, bool), Error>, Option<Journal>) {
+) -> (
+    Result<(Option<ClaimOutcome>, X, bool), Error>,
+    Option<Journal>,
+) {
     match claimed {
         Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
             Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),

@@ -122,7 +122,9 @@ impl RedisStore {
             }
             Err(_) => {
                 inner.conns.retire(&lease);
-                Err(Error::store(format!("redis did not answer within {bound:?}")))
+                Err(Error::store(format!(
+                    "redis did not answer within {bound:?}"
+                )))
             }
         }
     }

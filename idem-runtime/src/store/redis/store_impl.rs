@@ -111,11 +111,7 @@ impl Store for RedisStore {
                     let names = self.name_with(key, STEPS);
                     let rec = &names[..names.len() - STEPS.len()];
                     let mut cmd = evalsha(&CLAIM, 2);
-                    cmd.arg(rec)
-                        .arg(&names)
-                        .arg(record)
-                        .arg(lease)
-                        .arg(channel);
+                    cmd.arg(rec).arg(&names).arg(record).arg(lease).arg(channel);
                     self.claim_acked(key, cmd).await
                 }
             }

@@ -23,7 +23,10 @@ fn no_journal(store: &Arc<dyn Store>, case: &str) -> bool {
 
 /// A step that counts its runs and returns the count it saw.
 async fn counted(name: &str, runs: &AtomicUsize) -> Result<usize, Error> {
-    step(name, |_| async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1) }).await
+    step(name, |_| async {
+        Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1)
+    })
+    .await
 }
 
 /// After an `Err`, a retry replays the finished steps (with their values) and runs only
@@ -46,6 +49,13 @@ pub async fn steps_resume_after_err(store: Arc<dyn Store>) {
     };
     let first = idem.dedup(&STEPS, "order-1", body()).await;
     assert!(first.is_err());
+    // The released record is gone, its journal is not; operators see it.
+    assert!(idem.inspect(&STEPS, "order-1").await.unwrap().is_none());
+    let mut kept = idem.steps(&STEPS, "order-1").await.unwrap();
+    kept.sort_by(|x, y| x.name.cmp(&y.name));
+    let names: Vec<(&str, bool)> = kept.iter().map(|s| (s.name.as_str(), s.done)).collect();
+    assert_eq!(names, [("a", true), ("b", true)]);
+    assert!(kept.iter().all(|s| s.value_size.is_some_and(|n| n > 0)));
     let second = idem.dedup(&STEPS, "order-1", body()).await.unwrap();
     assert_eq!(second, (1, 1, 1), "the finished steps' values are replayed");
     let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
@@ -91,6 +101,14 @@ pub async fn steps_resume_after_a_dropped_future(store: Arc<dyn Store>) {
         })
     };
     reached.notified().await;
+    let info = idem
+        .inspect(&STEPS, "order-1")
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(info.state, crate::RecordState::InProgress);
+    let names: Vec<&str> = info.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["a"], "inspect lists the journal of a held record");
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
     let (a, b) = idem
@@ -102,7 +120,11 @@ pub async fn steps_resume_after_a_dropped_future(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!((a, b), (1, 1));
-    assert_eq!(runs[0].load(Ordering::SeqCst), 1, "the finished step ran again");
+    assert_eq!(
+        runs[0].load(Ordering::SeqCst),
+        1,
+        "the finished step ran again"
+    );
 }
 
 /// A holder that died past its lease left a journal: the claim that takes the record
@@ -213,7 +235,9 @@ pub async fn step_key_is_stable_across_attempts(store: Arc<dyn Store>) {
         idem.dedup(&STEPS, key, async move {
             for name in ["charge", "mail"] {
                 let _: Result<(), Error> = step(name, |s: StepCtx| async move {
-                    seen.lock().unwrap().push((format!("{key}/{name}"), s.key().to_owned()));
+                    seen.lock()
+                        .unwrap()
+                        .push((format!("{key}/{name}"), s.key().to_owned()));
                     Err(Error::Config("downstream down".into()))
                 })
                 .await;
@@ -227,16 +251,27 @@ pub async fn step_key_is_stable_across_attempts(store: Arc<dyn Store>) {
     }
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen.len(), 12);
-    let mut by_step = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    let mut by_step =
+        std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
     for (step, key) in &seen {
         assert!(key.len() <= 255 && !key.is_empty());
-        assert!(key.bytes().all(|b| b.is_ascii_graphic()), "not printable: {key:?}");
+        assert!(
+            key.bytes().all(|b| b.is_ascii_graphic()),
+            "not printable: {key:?}"
+        );
         assert!(!key.contains("example"), "raw key material in {key:?}");
         by_step.entry(step.clone()).or_default().insert(key.clone());
     }
-    assert!(by_step.values().all(|keys| keys.len() == 1), "unstable: {by_step:?}");
+    assert!(
+        by_step.values().all(|keys| keys.len() == 1),
+        "unstable: {by_step:?}"
+    );
     let distinct: std::collections::BTreeSet<_> = by_step.values().flatten().collect();
-    assert_eq!(distinct.len(), 4, "two (key, step) pairs share a key: {by_step:?}");
+    assert_eq!(
+        distinct.len(),
+        4,
+        "two (key, step) pairs share a key: {by_step:?}"
+    );
 }
 
 /// A verified step whose attempt was cut off after its intent was journaled: the next
@@ -277,14 +312,27 @@ pub async fn verified_step_with_intent_asks_verify(store: Arc<dyn Store>) {
             }
             tokio::time::sleep(ms(5)).await;
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "the first attempt never ran");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the first attempt never ran"
+        );
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
         let rkey = idem.key(&STEPS, format_args!("{key}"));
         let journal = store.journal().unwrap().read_journal(&rkey).await.unwrap();
         assert!(
-            journal.iter().any(|e| e.name == "ship" && e.value.is_none()),
+            journal
+                .iter()
+                .any(|e| e.name == "ship" && e.value.is_none()),
             "no intent journaled: {journal:?}"
+        );
+        let listed = idem.steps(&STEPS, key).await.unwrap();
+        assert!(
+            listed
+                .iter()
+                .any(|s| s.name == "ship" && !s.done && s.value_size.is_none()),
+            "the intent is not listed: {listed:?}"
         );
         let v = idem
             .dedup(&STEPS, key, ship(runs.clone(), verified.clone(), false))
@@ -321,9 +369,15 @@ pub async fn step_misuse_is_an_error(store: Arc<dyn Store>) {
         .await
     };
     let outside = run(ran.clone()).await;
-    assert!(matches!(outside, Err(Error::StepOutsideClaim { .. })), "{outside:?}");
+    assert!(
+        matches!(outside, Err(Error::StepOutsideClaim { .. })),
+        "{outside:?}"
+    );
     let in_lock = idem.lock(&LOCK, "k", run(ran.clone())).await;
-    assert!(matches!(in_lock, Err(Error::StepOutsideClaim { .. })), "{in_lock:?}");
+    assert!(
+        matches!(in_lock, Err(Error::StepOutsideClaim { .. })),
+        "{in_lock:?}"
+    );
     let spawned = idem
         .dedup(&STEPS, "spawned", async {
             let r = tokio::spawn(run(ran.clone())).await.unwrap();
@@ -331,7 +385,10 @@ pub async fn step_misuse_is_an_error(store: Arc<dyn Store>) {
         })
         .await
         .unwrap();
-    assert!(spawned, "a step in a task spawned from the body is not refused");
+    assert!(
+        spawned,
+        "a step in a task spawned from the body is not refused"
+    );
     assert_eq!(ran.load(Ordering::SeqCst), 0, "a step ran outside a claim");
     let twice = idem
         .dedup(&STEPS, "twice", async {
