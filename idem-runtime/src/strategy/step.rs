@@ -293,14 +293,13 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
     }
 }
 
+/// A claim's answer as the strategies get it: the outcome (`None`: the wait ran out),
+/// what the store's fast path kept beside it, and whether the call waited.
+pub(crate) type Claimed<X> = Result<(Option<ClaimOutcome>, X, bool), Error>;
+
 /// Splits a claim's answer into the answer strategies know (`Resumed` read as
 /// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
-pub(crate) fn take_journal<X>(
-    claimed: Result<(Option<ClaimOutcome>, X, bool), Error>,
-) -> (
-    Result<(Option<ClaimOutcome>, X, bool), Error>,
-    Option<Journal>,
-) {
+pub(crate) fn take_journal<X>(claimed: Claimed<X>) -> (Claimed<X>, Option<Journal>) {
     match claimed {
         Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
             Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),
