@@ -127,6 +127,7 @@ macro_rules! __conformance_cases {
             steps::step_key_is_stable_across_attempts,
             steps::verified_step_with_intent_asks_verify,
             steps::step_misuse_is_an_error,
+            steps::steps_resume_a_returned_token,
         }
     };
 }

@@ -399,3 +399,35 @@ pub async fn step_misuse_is_an_error(store: Arc<dyn Store>) {
     assert!(matches!(twice, Err(Error::StepReused { .. })), "{twice:?}");
     assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
+
+/// A token's consumption runs steps too: an `Err` gives the token back with its journal,
+/// and the next consumption replays the finished step.
+pub async fn steps_resume_a_returned_token(store: Arc<dyn Store>) {
+    if no_journal(&store, "steps_resume_a_returned_token") {
+        return;
+    }
+    static TOKEN: Options = Options::token("conformance::steps_token");
+    let idem = idem(&store);
+    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let runs: [AtomicUsize; 2] = Default::default();
+    let fail = AtomicBool::new(true);
+    let body = || async {
+        let a = counted("a", &runs[0]).await?;
+        if fail.swap(false, Ordering::SeqCst) {
+            return Err(Error::Config("declined".into()));
+        }
+        let b = counted("b", &runs[1]).await?;
+        Ok::<_, Error>((a, b))
+    };
+    let first = idem
+        .consume_token::<ReplayOk, _, _, _>(&TOKEN, &token, body())
+        .await;
+    assert!(first.is_err());
+    let second = idem
+        .consume_token::<ReplayOk, _, _, _>(&TOKEN, &token, body())
+        .await
+        .unwrap();
+    assert_eq!(second, (1, 1));
+    let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
+    assert_eq!(counts, [1, 1], "a finished step ran again");
+}
