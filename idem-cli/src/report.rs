@@ -42,8 +42,27 @@ fn record_json(key: &Key, info: Option<&RecordInfo>) -> Value {
         obj.insert("fingerprint".into(), json!(i.fingerprint));
         obj.insert("value_bytes".into(), json!(i.value_size));
         obj.insert("fence".into(), json!(i.fence));
+        let steps: Vec<Value> = i
+            .steps
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "done": s.done,
+                    "at_unix_ms": unix_ms(s.at),
+                    "value_bytes": s.value_size,
+                })
+            })
+            .collect();
+        obj.insert("steps".into(), Value::Array(steps));
     }
     v
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One record, or that there is none.
@@ -76,6 +95,18 @@ pub(crate) fn record(key: &Key, info: Option<&RecordInfo>, json: bool) {
         ("fence", or_dash(i.fence.map(|f| f.to_string()))),
     ] {
         println!("  {name:<12} {value}");
+    }
+    // Durable steps journaled by the record's calls (kept across releases).
+    for s in &i.steps {
+        let what = match s.value_size {
+            Some(n) if s.done => format!("done, {n} bytes"),
+            _ => "intent, no result (verify is asked on resume)".to_owned(),
+        };
+        println!(
+            "  step         {} ({what}; at {} ms since the epoch)",
+            s.name,
+            unix_ms(s.at)
+        );
     }
 }
 

@@ -255,6 +255,23 @@ fn seal<V: Serialize + ?Sized>(key: &Key, tag: u8, value: &V) -> Result<Bytes, E
     Ok(buf.freeze())
 }
 
+/// A durable step's `Ok` value as its journal entry keeps it: the same envelope as a
+/// completed record's value (checksummed MessagePack).
+pub(crate) fn encode_step<V: Serialize>(key: &Key, value: &V) -> Result<Bytes, Error> {
+    seal(key, TAG_OK, value)
+}
+
+/// A journaled step value, checked and decoded.
+pub(crate) fn decode_step<V: DeserializeOwned>(key: &Key, bytes: &[u8]) -> Result<V, Error> {
+    match open(key, bytes)? {
+        (TAG_OK, payload) => from_payload(key, payload),
+        _ => Err(Error::Corrupt {
+            key: *key,
+            reason: "a step's journal entry holds no value".into(),
+        }),
+    }
+}
+
 /// The record of a call that completed without a value to replay ([`NoReplay`]'s `Ok`).
 pub(crate) fn completed_marker(key: &Key) -> Bytes {
     marker(key, TAG_MARK_OK)

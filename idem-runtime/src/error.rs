@@ -106,6 +106,27 @@ pub enum Error {
     /// The store does not implement this operation.
     #[error("this store does not support {0}")]
     Unsupported(&'static str),
+    /// [`step`](crate::step) was called where no claim is held: outside an idempotent
+    /// call, in a lock's body (which runs on every call, so it keeps no journal), or in
+    /// a task spawned from the body. A step never runs unjournaled.
+    #[error(
+        "step {step:?} runs outside a claimed body: call it inside an #[idempotent] dedup \
+         or token body, Idem::dedup, or a handler of idem-http or idem-consumer (not in a \
+         lock's body, nor in a task spawned from the body)"
+    )]
+    StepOutsideClaim {
+        /// The step's name.
+        step: String,
+    },
+    /// One call used the same step name twice: each step needs its own name (in a loop,
+    /// `&format!("mail:{i}")`).
+    #[error("step {step:?} is used twice in one call of {key}; give each step its own name")]
+    StepReused {
+        /// The record whose body ran the step.
+        key: Key,
+        /// The step's name.
+        step: String,
+    },
 }
 
 impl Error {
@@ -125,6 +146,7 @@ impl Error {
             | Error::LeaseLost { key }
             | Error::Conflict { key }
             | Error::Codec { key, .. }
+            | Error::StepReused { key, .. }
             | Error::Corrupt { key, .. } => Some(key),
             _ => None,
         }

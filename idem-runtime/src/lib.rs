@@ -115,7 +115,7 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
-pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, Store};
+pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, StepInfo, Store};
 pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::call_ctx::call_key;
 pub use strategy::lock::fence;
@@ -127,6 +127,7 @@ pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_o
 )]
 pub use strategy::state_machine::StateColumn;
 pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
+pub use strategy::step::{StepCtx, Verified, step};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -25,6 +25,13 @@
 //! result was recorded), `store_error` (the store failed, or a record is corrupt or no
 //! longer decodes).
 //!
+//! Each durable step ([`step`](crate::step)) runs in a span [`STEP_SPAN`] (`idem_step`),
+//! a child of its call's, with the fields `function`, `step` (the step's name) and
+//! `outcome`: `ran` (the closure ran and its value was journaled), `replayed` (the
+//! value came from the journal), `verified` (a verified step's `verify` found its
+//! effect), or `failed` (the closure returned `Err`, or the step could not start).
+//! `idem_steps_total` counts the first three.
+//!
 //! # Events
 //!
 //! At `WARN`: a lost lease, a store failure after the body ran (the effect happened but
@@ -40,6 +47,7 @@
 //! | `idem_store_errors_total` | counter   | `op`                            |
 //! | `idem_store_seconds`      | histogram | `op`                            |
 //! | `idem_wait_seconds`       | histogram |                                 |
+//! | `idem_steps_total`        | counter   | `function`, `outcome`           |
 //!
 //! `op` is one of `claim`, `complete`, `release`, `renew`, `issue`. Store calls of an
 //! in-process store ([`MemoryStore`](crate::MemoryStore)) are not timed: they take
@@ -79,6 +87,45 @@ pub const STORE_ERRORS_TOTAL: &str = "idem_store_errors_total";
 pub const STORE_SECONDS: &str = "idem_store_seconds";
 /// Histogram of the time duplicates spent waiting for a twin or a lock, in seconds.
 pub const WAIT_SECONDS: &str = "idem_wait_seconds";
+/// Counter of durable steps: labels `function`, `outcome` (`ran`, `replayed`, `verified`).
+pub const STEPS_TOTAL: &str = "idem_steps_total";
+/// The name of the span each durable step runs in.
+pub const STEP_SPAN: &str = "idem_step";
+
+/// How a durable step ended: its span's `outcome` field and `idem_steps_total`'s label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepOutcome {
+    Ran,
+    Replayed,
+    Verified,
+    Failed,
+}
+
+impl StepOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            StepOutcome::Ran => "ran",
+            StepOutcome::Replayed => "replayed",
+            StepOutcome::Verified => "verified",
+            StepOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// The span of step `step` of `function`, its outcome still empty.
+pub(crate) fn step_span(function: &'static str, step: &str) -> tracing::Span {
+    tracing::info_span!(STEP_SPAN, function, step, outcome = tracing::field::Empty,)
+}
+
+/// Records how a step ended: the current span's field and `idem_steps_total`.
+pub(crate) fn step_ended(_function: &'static str, outcome: StepOutcome) {
+    ended_as(outcome.as_str());
+    #[cfg(feature = "metrics")]
+    if outcome != StepOutcome::Failed {
+        metrics::counter!(STEPS_TOTAL, "function" => _function, "outcome" => outcome.as_str())
+            .increment(1);
+    }
+}
 
 /// How a call ended: the span's `outcome` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,9 +258,13 @@ pub(crate) fn answered_now(key: &Key, outcome: Outcome) {
 }
 
 fn ended(outcome: Outcome) {
+    ended_as(outcome.as_str());
+}
+
+fn ended_as(outcome: &'static str) {
     let span = tracing::Span::current();
     if !span.is_disabled() {
-        span.record("outcome", outcome.as_str());
+        span.record("outcome", outcome);
     }
 }
 
@@ -285,6 +336,10 @@ pub fn describe_metrics() {
         STORE_SECONDS,
         metrics::Unit::Seconds,
         "Duration of store calls, by operation (shared stores only)."
+    );
+    metrics::describe_counter!(
+        STEPS_TOTAL,
+        "Durable steps, by function and outcome (ran, replayed, verified)."
     );
     metrics::describe_histogram!(
         WAIT_SECONDS,

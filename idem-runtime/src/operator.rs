@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::store::RecordInfo;
+use crate::store::{JournalEntry, RecordInfo, StepInfo};
 use crate::{Error, Idem, Key, Options};
 
 impl Idem {
@@ -11,6 +11,11 @@ impl Idem {
     /// step: its state, owner, lease and ttl left, whether a fingerprint is stored, the
     /// value's size, and the fence of a held lock. `None`: no live record (never
     /// written, released, or expired by the store's clock).
+    ///
+    /// On a store with a step journal, [`RecordInfo::steps`] lists the record's durable
+    /// steps (read right after the record, in a second step): names, when each was
+    /// written, value sizes, and intents without results. A released record's journal,
+    /// which outlives it, is read with [`Idem::steps`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -31,7 +36,57 @@ impl Idem {
         key: impl fmt::Display,
     ) -> Result<Option<RecordInfo>, Error> {
         let key = self.record_key(opts, key);
-        self.store().inspect(&key).await
+        let Some(mut info) = self.store().inspect(&key).await? else {
+            return Ok(None);
+        };
+        if let Some(journal) = self.store().journal() {
+            info.steps = journal
+                .read_journal(&key)
+                .await?
+                .iter()
+                .map(JournalEntry::info)
+                .collect();
+        }
+        Ok(Some(info))
+    }
+
+    /// The step journal (durable steps) of `key` under `opts`, whether or not its record
+    /// is live: after a release or an expired lease the journal is kept for the next
+    /// attempt, and this is where an operator sees it. Empty on a store without a
+    /// journal, and once the call completed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem_runtime::Error> {
+    /// use idem_runtime::{Error, Idem, Options, step};
+    /// static CHECKOUT: Options = Options::dedup("shop::checkout");
+    /// let idem = Idem::builder().namespace("shop").build();
+    /// let failed: Result<(), Error> = idem
+    ///     .dedup(&CHECKOUT, "order-42", async {
+    ///         step("charge", |_| async { Ok::<_, Error>(1250u64) }).await?;
+    ///         Err(Error::Config("stock service down".into()))
+    ///     })
+    ///     .await;
+    /// assert!(failed.is_err());
+    /// let steps = idem.steps(&CHECKOUT, "order-42").await?;
+    /// assert_eq!((steps[0].name.as_str(), steps[0].done), ("charge", true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn steps(
+        &self,
+        opts: &Options,
+        key: impl fmt::Display,
+    ) -> Result<Vec<StepInfo>, Error> {
+        let key = self.record_key(opts, key);
+        match self.store().journal() {
+            Some(journal) => Ok(journal
+                .read_journal(&key)
+                .await?
+                .iter()
+                .map(JournalEntry::info)
+                .collect()),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Removes the record of `key` under `opts`, whoever holds it, in one atomic step,

@@ -120,6 +120,14 @@ macro_rules! __conformance_cases {
             inspect::forget_in_progress_makes_the_old_completion_a_lost_lease,
             inspect::forget_wakes_waiters,
             inspect::count_records_by_function_and_state,
+            steps::steps_resume_after_err,
+            steps::steps_resume_after_a_dropped_future,
+            steps::steps_survive_an_expired_lease,
+            steps::steps_50_duplicates_run_each_step_once,
+            steps::step_key_is_stable_across_attempts,
+            steps::verified_step_with_intent_asks_verify,
+            steps::step_misuse_is_an_error,
+            steps::steps_resume_a_returned_token,
         }
     };
 }

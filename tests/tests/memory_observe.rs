@@ -27,6 +27,8 @@ struct Captured {
     spans: Shared<Vec<FieldMap>>,
     /// Events: level, message and fields.
     events: Shared<Vec<(Level, FieldMap)>>,
+    /// Closed `idem_step` spans, in closing order.
+    steps: Shared<Vec<FieldMap>>,
 }
 
 #[derive(Default)]
@@ -70,6 +72,11 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Captured {
             && let Some(fields) = span.extensions_mut().remove::<Fields>()
         {
             self.spans.lock().unwrap().push(fields.0);
+        } else if let Some(span) = ctx.span(&id)
+            && span.name() == idem_runtime::observe::STEP_SPAN
+            && let Some(fields) = span.extensions_mut().remove::<Fields>()
+        {
+            self.steps.lock().unwrap().push(fields.0);
         }
     }
 }
@@ -588,4 +595,56 @@ fn transactional_calls_are_idem_spans_and_counted() {
     assert_eq!(calls(&path("book"), "replayed"), 1);
     assert_eq!(calls("observe::reserve", "ran"), 1);
     assert_eq!(calls("observe::reserve", "replayed"), 1);
+}
+
+/// Each durable step runs in an `idem_step` span with its outcome, and the steps that
+/// ran, replayed or were verified are counted by function and outcome.
+#[test]
+fn steps_are_spanned_and_counted() {
+    static CHECKOUT: Options = Options::dedup("observe::checkout");
+    let (captured, recorded) = observed(|| async {
+        let idem = Idem::builder().store(MemoryStore::new()).build();
+        for attempt in 0..2 {
+            let _: Result<(), Error> = idem
+                .dedup(&CHECKOUT, "o-1", async move {
+                    idem_runtime::step("charge", |_| async { Ok::<_, Error>(1u8) }).await?;
+                    idem_runtime::Verified::new("ship")
+                        .verify(|_| async { Ok::<_, Error>(Some(3u8)) })
+                        .run(|_| async move {
+                            // The first attempt's shipment ends in an unknown state.
+                            if attempt == 0 {
+                                return Err(Error::Config("carrier timed out".into()));
+                            }
+                            Ok(2u8)
+                        })
+                        .await?;
+                    Ok(())
+                })
+                .await;
+        }
+    });
+    let steps: Vec<(String, String, String)> = captured
+        .steps
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+            (get("function"), get("step"), get("outcome"))
+        })
+        .collect();
+    let f = "observe::checkout";
+    assert_eq!(
+        steps,
+        [
+            triple(f, "charge", "ran"),
+            triple(f, "ship", "failed"),
+            triple(f, "charge", "replayed"),
+            triple(f, "ship", "verified"),
+        ]
+    );
+    for (outcome, n) in [("ran", 1), ("replayed", 1), ("verified", 1), ("failed", 0)] {
+        let name = format!("idem_steps_total{{function=\"{f}\",outcome=\"{outcome}\"}}");
+        assert_eq!(recorded.counter(&name), n, "{name}");
+    }
 }

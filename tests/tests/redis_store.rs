@@ -34,7 +34,9 @@ static DEDUP: Options = Options::dedup("redis_store::dedup");
 static LOCK: Options = Options::lock("redis_store::lock");
 
 /// The issue's round-trip budget, seen by the server itself (`MONITOR`): a new key is a
-/// native `SET NX GET` and a completion script, a replay that one `SET`, a lock acquire
+/// native `SET NX GET` (pipelined with an `HGETALL` of the record's step journal, so a
+/// resumed body gets it in the same round trip) and a completion script (which drops
+/// the journal), a replay that one `SET` (and its `HGETALL`), a lock acquire
 /// and release one script each, a token issue one `SET` and its consumption two
 /// scripts. Also what runs inside each script, so that work on the server stays small.
 /// An uncontended call publishes nothing.
@@ -82,10 +84,10 @@ async fn round_trips_per_step() {
     assert_eq!(
         seen(),
         (
-            vec!["set".into(), "evalsha".into()],
-            vec!["get".into(), "set".into()]
+            vec!["set".into(), "hgetall".into(), "evalsha".into()],
+            vec!["get".into(), "set".into(), "del".into()]
         ),
-        "new key: SET NX GET, then the completion script"
+        "new key: SET NX GET and HGETALL in one pipeline, then the completion script"
     );
 
     let v: u8 = idem
@@ -95,8 +97,8 @@ async fn round_trips_per_step() {
     assert_eq!(v, 1);
     assert_eq!(
         seen(),
-        (vec!["set".into()], vec![]),
-        "replay: one SET NX GET"
+        (vec!["set".into(), "hgetall".into()], vec![]),
+        "replay: one SET NX GET (and the journal's HGETALL, in the same pipeline)"
     );
 
     idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })

@@ -120,6 +120,15 @@ pub enum ClaimOutcome {
         /// The fencing token.
         fence: u64,
     },
+    /// The caller now holds the key, and the record has a step journal left by earlier
+    /// attempts (they released it, were dropped, or their lease ran out): returned by
+    /// the claim itself, so resuming costs no extra round trip. Only a store with a
+    /// [`JournalStore`](super::JournalStore) answers it, and only to dedup and token
+    /// claims; a fence is 0 there. Treat it as `Claimed { fence: 0 }` plus the journal.
+    Resumed {
+        /// The journal's entries.
+        journal: super::Journal,
+    },
     /// Another owner holds the key; its lease ends in `retry_in` unless renewed.
     Busy {
         /// Time left on the holder's lease, by the store's clock.

@@ -61,6 +61,10 @@ pub struct RecordInfo {
     /// The fencing token of the lock holder (locks in progress only), when the store
     /// keeps it per key.
     pub fence: Option<u64>,
+    /// The record's step journal (durable steps), in no particular order: filled by
+    /// [`Idem::inspect`](crate::Idem::inspect) on a store with a journal, empty otherwise
+    /// (a store's own [`Store::inspect`](crate::Store::inspect) leaves it empty).
+    pub steps: Vec<super::StepInfo>,
 }
 
 impl RecordInfo {
@@ -75,6 +79,7 @@ impl RecordInfo {
             fingerprint: false,
             value_size: None,
             fence: None,
+            steps: Vec::new(),
         }
     }
 }

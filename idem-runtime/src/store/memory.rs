@@ -1,6 +1,7 @@
 //! The embedded store: records in process memory.
 
 mod inspection;
+mod journal;
 mod toolbox;
 
 use std::any::Any;
@@ -66,6 +67,10 @@ pub struct MemoryStore {
 struct Shard {
     map: HashMap<[u8; 16], Box<Entry>, BuildHasherDefault<DigestHasher>>,
     swept_at: usize,
+    /// Step journals, beside the records they belong to (same shard, same lock) so that
+    /// a claim reads one and a step writes one in the same critical section as the
+    /// record's owner check; they outlive a release or an expired lease.
+    journals: journal::Journals,
 }
 
 struct Entry {
@@ -209,7 +214,7 @@ impl MemoryStore {
                     e.expires_at = token_expires.max(lease_until);
                     e.fingerprint = req.fingerprint;
                     e.wake();
-                    return (ClaimOutcome::Claimed { fence: 0 }, None);
+                    return (shard.claimed(key, now), None);
                 }
             }
         }
@@ -236,7 +241,10 @@ impl MemoryStore {
             },
             now,
         );
-        (ClaimOutcome::Claimed { fence }, None)
+        if req.kind == ClaimKind::Lock {
+            return (ClaimOutcome::Claimed { fence }, None);
+        }
+        (shard.claimed(key, now), None)
     }
 
     fn complete_now(&self, key: &Key, owner: Owner, value: Bytes, ttl: Duration) -> bool {
@@ -254,6 +262,7 @@ impl MemoryStore {
                 e.state = State::Completed { value, memo: None };
                 e.expires_at = now + ttl;
                 e.wake();
+                shard.journals.drop_journal(key);
                 true
             }
             _ => false,
@@ -367,6 +376,7 @@ impl Shard {
     fn sweep(&mut self, now: Instant) {
         self.map.retain(|_, e| e.expires_at > now);
         self.swept_at = self.map.len();
+        self.journals.sweep(now);
     }
 }
 
@@ -504,6 +514,10 @@ impl Store for MemoryStore {
 
     fn blooms(&self) -> Option<&dyn BloomStore> {
         Some(&self.blooms)
+    }
+
+    fn journal(&self) -> Option<&dyn super::JournalStore> {
+        Some(self)
     }
 
     fn name(&self) -> &'static str {

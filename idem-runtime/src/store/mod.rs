@@ -18,7 +18,8 @@
 //! - [`Store::states`] → [`StateStore`]: state records (state machines);
 //! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps;
 //! - [`Store::transactional`] → [`TransactionalStore`]: claims inside a database
-//!   transaction (transactional mode).
+//!   transaction (transactional mode);
+//! - [`Store::journal`] → [`JournalStore`]: step journals (durable steps), see [`journal`].
 //!
 //! A strategy that needs a capability the store lacks answers [`Error::Unsupported`].
 
@@ -32,6 +33,7 @@ use crate::{Error, Key};
 
 mod claim;
 mod inspection;
+pub mod journal;
 mod local;
 mod local_blooms;
 pub mod memory;
@@ -40,6 +42,7 @@ mod transaction;
 mod unreachable;
 pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
 pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
+pub use journal::{Journal, JournalEntry, JournalStore, StepInfo};
 pub use local::{LocalStore, Memo};
 pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
@@ -170,6 +173,13 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Step journals (durable steps), if this store keeps them; the contract, which
+    /// also concerns `claim`, `complete` and `forget`, is in [`journal`]. Default:
+    /// `None`, and [`step`](crate::step) answers [`Error::Unsupported`].
+    fn journal(&self) -> Option<&dyn JournalStore> {
+        None
+    }
+
     /// A short name for logs ("memory", "redis", ...).
     fn name(&self) -> &'static str {
         "custom"
@@ -246,6 +256,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn blooms(&self) -> Option<&dyn BloomStore> {
         (**self).blooms()
     }
+    fn journal(&self) -> Option<&dyn JournalStore> {
+        (**self).journal()
+    }
     fn name(&self) -> &'static str {
         (**self).name()
     }
@@ -276,6 +289,7 @@ mod tests {
             assert!(s.versioned().is_some());
             assert!(s.states().is_some());
             assert!(s.blooms().is_some());
+            assert!(s.journal().is_some());
             assert_eq!(s.name(), "memory");
         }
     }

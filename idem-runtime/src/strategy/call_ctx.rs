@@ -1,13 +1,18 @@
 //! What a claimed body knows of its own call: the key it holds, from which
-//! [`call_key`] derives a downstream idempotency key, and the keys its task already
+//! [`call_key`] derives a downstream idempotency key, the keys its task already
 //! holds, so that a function calling itself with its own key fails at once instead of
-//! waiting for itself.
+//! waiting for itself, and what its durable steps need (see [`super::step`]).
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::Key;
+use bytes::Bytes;
+
+use crate::store::{Journal, JournalEntry, Owner, Store};
+use crate::{Error, Key};
 
 tokio::task_local! {
     static CALL: Frame;
@@ -15,20 +20,155 @@ tokio::task_local! {
 
 /// The claim a body runs under, and the claims of the bodies it runs inside (in the
 /// same task).
-#[derive(Clone)]
 pub(crate) struct Frame {
     key: Key,
     /// Whether the call's effect is meant to happen once (dedup, token), so that a
     /// downstream key makes sense; a lock's body runs again on every call.
     once: bool,
-    outer: Option<Arc<Frame>>,
+    outer: Option<Arc<Link>>,
+    /// What durable steps need (dedup and token bodies only): `None` in a lock's body,
+    /// (a lock's body runs again on every call, so it has no journal).
+    steps: Option<StepFrame>,
+}
+
+/// A claim of a call that a body runs inside (in the same task): its key, and the claims
+/// around it in turn.
+struct Link {
+    key: Key,
+    outer: Option<Arc<Link>>,
+}
+
+/// The claim a body's steps write under, the journal its claim returned, and the step
+/// names the call has used.
+pub(crate) struct StepFrame {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) owner: Owner,
+    /// How long the journal lives after a write: the record's ttl.
+    pub(crate) ttl: Duration,
+    /// The function's path, for the steps' span and metric.
+    pub(crate) function: &'static str,
+    /// Allocated by the first step (or by the claim, when it returned a journal), so a
+    /// body without steps pays nothing for it.
+    state: RefCell<Option<Box<StepState>>>,
+}
+
+#[derive(Default)]
+struct StepState {
+    /// The journal the claim returned, by step name.
+    journal: Vec<JournalEntry>,
+    /// Step names this call has used.
+    used: Vec<Box<str>>,
+}
+
+impl StepFrame {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        owner: Owner,
+        ttl: Duration,
+        function: &'static str,
+        journal: Option<Journal>,
+    ) -> Self {
+        let state = journal.map(|journal| {
+            Box::new(StepState {
+                journal,
+                used: Vec::new(),
+            })
+        });
+        StepFrame {
+            store,
+            owner,
+            ttl,
+            function,
+            state: RefCell::new(state),
+        }
+    }
+}
+
+/// What a step starting in this task needs to know: where to write, and what the
+/// journal holds for it.
+pub(crate) struct StepStart {
+    pub(crate) key: Key,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+    pub(crate) function: &'static str,
+    /// `None`: no entry; `Some(None)`: an intent without a result; `Some(Some(v))`: done.
+    pub(crate) journaled: Option<Option<Bytes>>,
+}
+
+/// Starts step `name` in the body running in this task: checks that there is a claimed
+/// dedup or token body, and that `name` is new in this call, and takes the step's entry
+/// from the journal the claim returned.
+pub(crate) fn start_step(name: &str) -> Result<StepStart, Error> {
+    let outside = || Error::StepOutsideClaim {
+        step: name.to_owned(),
+    };
+    CALL.try_with(|f| {
+        let steps = f.steps.as_ref().ok_or_else(outside)?;
+        let mut state = steps.state.borrow_mut();
+        let state = state.get_or_insert_with(Box::default);
+        if state.used.iter().any(|n| **n == *name) {
+            return Err(Error::StepReused {
+                key: f.key,
+                step: name.to_owned(),
+            });
+        }
+        state.used.push(name.into());
+        let journaled = state
+            .journal
+            .iter()
+            .position(|e| e.name == name)
+            .map(|i| state.journal.swap_remove(i).value);
+        Ok(StepStart {
+            key: f.key,
+            store: steps.store.clone(),
+            owner: steps.owner,
+            ttl: steps.ttl,
+            function: steps.function,
+            journaled,
+        })
+    })
+    .unwrap_or_else(|_| Err(outside()))
 }
 
 /// `body`, run with `key` as the claim its task holds. The frames of calls nested in
 /// one task are chained, which costs an allocation only to a nested call.
 pub(crate) fn scope<F: Future>(key: Key, once: bool, body: F) -> impl Future<Output = F::Output> {
-    let outer = CALL.try_with(|f| Arc::new(f.clone())).ok();
-    CALL.scope(Frame { key, once, outer }, body)
+    scope_frame(key, once, None, body)
+}
+
+/// [`scope`] for a dedup or token body, whose steps write under `steps`.
+pub(crate) fn scope_steps<F: Future>(
+    key: Key,
+    steps: StepFrame,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    scope_frame(key, true, Some(steps), body)
+}
+
+fn scope_frame<F: Future>(
+    key: Key,
+    once: bool,
+    steps: Option<StepFrame>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let outer = CALL
+        .try_with(|f| {
+            Arc::new(Link {
+                key: f.key,
+                outer: f.outer.clone(),
+            })
+        })
+        .ok();
+    CALL.scope(
+        Frame {
+            key,
+            once,
+            outer,
+            steps,
+        },
+        body,
+    )
 }
 
 /// Whether a body running in this task already holds `key`: claiming it again could
@@ -36,16 +176,17 @@ pub(crate) fn scope<F: Future>(key: Key, once: bool, body: F) -> impl Future<Out
 /// Asked only when a key is found busy, so an uncontended call never looks.
 pub(crate) fn held_here(key: &Key) -> bool {
     CALL.try_with(|f| {
-        let mut frame = f;
-        loop {
-            if frame.key == *key {
+        if f.key == *key {
+            return true;
+        }
+        let mut link = f.outer.as_deref();
+        while let Some(l) = link {
+            if l.key == *key {
                 return true;
             }
-            match &frame.outer {
-                Some(outer) => frame = outer,
-                None => return false,
-            }
+            link = l.outer.as_deref();
         }
+        false
     })
     .unwrap_or(false)
 }
@@ -95,6 +236,24 @@ pub fn call_key() -> Option<String> {
 fn downstream_key(key: &Key) -> String {
     let mut h = blake3::Hasher::new_derive_key("idem 2026 call downstream idempotency key");
     h.update(key.digest());
+    let out = h.finalize();
+    let mut s = String::with_capacity(37);
+    s.push_str("idem-");
+    for b in &out.as_bytes()[..16] {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The downstream idempotency key of step `name` of the record `key`: `idem-` and 32
+/// lowercase hex digits of BLAKE3 in key-derivation mode (a context of its own, so it is
+/// neither the call's key nor the record's name) over the record's digest and the
+/// step's name, length-prefixed so that no two (record, name) pairs share an input.
+pub(crate) fn step_key(key: &Key, name: &str) -> String {
+    let mut h = blake3::Hasher::new_derive_key("idem 2026 step downstream idempotency key");
+    h.update(key.digest());
+    h.update(&(name.len() as u64).to_le_bytes());
+    h.update(name.as_bytes());
     let out = h.finalize();
     let mut s = String::with_capacity(37);
     s.push_str("idem-");

@@ -256,7 +256,7 @@ async fn claim_once(
     let claim = Finishing::new(sent, move |answer| {
         if matches!(
             answer,
-            Ok(ClaimOutcome::Claimed { .. }) | Err(Error::Store(_))
+            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) | Err(Error::Store(_))
         ) {
             drop(ClaimGuard::new(store, key, owner));
         }

@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::call_ctx;
+use super::call_ctx::{self, StepFrame};
 use super::claiming::{
     ClaimGuard, claim_memo, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
 };
+use super::step::take_journal;
 use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
@@ -86,12 +87,13 @@ where
             let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
             claim_memo(idem.store(), &key, &req, opts.wait).await
         };
+        let (claimed, journal) = take_journal(claimed);
         if let Some(answered) =
             answer::<C, T, E>(idem.store(), opts, key, owner, fingerprint, reuse, claimed)
         {
             return answered;
         }
-        run_claimed::<C, T, E, F>(&idem, opts, key, owner, body).await
+        run_claimed::<C, T, E, F>(&idem, opts, key, owner, journal, body).await
     }
 }
 
@@ -119,7 +121,7 @@ where
         }
     };
     let refused = match outcome {
-        Some(ClaimOutcome::Claimed { .. }) => return None,
+        Some(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) => return None,
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,
@@ -183,6 +185,7 @@ fn run_claimed<C, T, E, F>(
     opts: &Options,
     key: Key,
     owner: Owner,
+    journal: Option<crate::store::Journal>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
@@ -195,7 +198,8 @@ where
         // While the body runs, a drop (cancellation or panic) releases the claim: the
         // body stopped before its end, and a retry must be able to run it.
         let mut guard = ClaimGuard::new(store.clone(), key, owner);
-        let body = call_ctx::scope(key, true, body);
+        let steps = StepFrame::new(store.clone(), owner, opts.ttl, opts.name(), journal);
+        let body = call_ctx::scope_steps(key, steps, body);
         let (mut result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
         // The body has returned, so its effect has happened: from here a drop never
         // releases. The completion (or the release an `Err` asks for) is finished in

@@ -11,6 +11,7 @@
 //! | [`optimistic`] | versioned compare-and-set, with retry on conflict |
 //! | [`state_machine`] | atomic moves through a declared transition table |
 //! | [`bloom`] | a pre-filter for message ids that never drops a new one |
+//! | [`step`](mod@step) | durable steps: several effects in one call, each run once |
 
 pub mod bloom;
 pub(crate) mod call_ctx;
@@ -19,6 +20,7 @@ pub mod dedup;
 pub mod lock;
 pub mod optimistic;
 pub mod state_machine;
+pub mod step;
 pub mod token;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) mod transaction;

@@ -51,7 +51,9 @@ where
     C: Codec<T, E>,
 {
     match outcome {
-        Some(ClaimOutcome::Claimed { .. }) => Ok(None),
+        // A journal is resumed by step frames, which transactional mode does not open
+        // yet (no SQL store keeps a journal), so a resumed claim is a claim here.
+        Some(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) => Ok(None),
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,

@@ -51,6 +51,7 @@ impl MemoryStore {
     pub(super) fn forget_now(&self, key: &Key) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(key);
+        shard.journals.drop_journal(key);
         if shard.live(key, now).is_none() {
             return false;
         }

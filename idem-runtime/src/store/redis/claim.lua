@@ -2,14 +2,16 @@
 -- acquisition, a token claim, and a dedup claim that found something other than nothing
 -- or a completed record (one round trip). Records are strings; see mod.rs for the layout.
 --
--- KEYS[1]  the record; KEYS[2], for a lock only, its fence counter (same hash tag, one slot)
+-- KEYS[1]  the record; KEYS[2] (same hash tag, one slot): for a lock its fence counter,
+--          else its step journal
 -- ARGV[1]  the in-progress record to write: 'p' '-' kind owner(16) [fingerprint(16)],
 --          kind 'd' dedup, 'l' lock or 't' token; a token claim gets its two deadlines
 --          appended here
 -- ARGV[2]  lease in ms (>= 1)
 -- ARGV[3]  a lock: ttl of a new fence counter in ms; else the notification channel
 --
--- Replies: fence (an integer: claimed; 0 but for a lock) | {2, retry_ms, fingerprint} busy
+-- Replies: fence (an integer: claimed; 0 but for a lock) | {1, {journal as HGETALL
+--          gives it}} claimed, with the journal of earlier attempts | {2, retry_ms, fingerprint} busy
 --          | {3, record} completed (the caller parses the record) | {4} missing token
 --          | {0, reason} corrupt.
 local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
@@ -54,6 +56,10 @@ if not v then
   -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
   -- its SET NX GET has just set the key).
   redis.call('SET', rec, claim, 'PX', lease)
+  local j = redis.call('HGETALL', KEYS[2])
+  if #j > 0 then
+    return {1, j}
+  end
   return 0
 end
 
@@ -76,6 +82,10 @@ local function take_token(w, te, now)
     'PXAT', string.format('%.0f', math.max(ld, te)))
   if w == 119 then
     redis.call('PUBLISH', ARGV[3], rec)
+  end
+  local j = redis.call('HGETALL', KEYS[2])
+  if #j > 0 then
+    return {1, j}
   end
   return 0
 end

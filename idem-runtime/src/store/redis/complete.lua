@@ -1,6 +1,6 @@
 -- Completes a claim if `owner` still holds it with a live lease (one round trip).
 --
--- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] value; ARGV[3] ttl in ms (>= 1);
+-- KEYS[1] record; KEYS[2] its step journal, dropped with the completion; ARGV[1] owner (16 bytes); ARGV[2] value; ARGV[3] ttl in ms (>= 1);
 -- ARGV[4] channel. Replies 1 (completed), 0 (not the holder), or {0, reason} (corrupt).
 -- Runs after held.lua: `v` is a record in progress held by ARGV[1].
 local fp
@@ -29,6 +29,7 @@ if fp then
 else
   redis.call('SET', rec, 'c-' .. ARGV[2], 'PX', ARGV[3])
 end
+redis.call('DEL', KEYS[2])
 if w == 119 then
   redis.call('PUBLISH', ARGV[4], rec)
 end

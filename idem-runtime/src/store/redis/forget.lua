@@ -1,7 +1,9 @@
 -- Removes a record whoever holds it (one round trip), and wakes its waiters so they
 -- claim again at once. A lock's fence counter is kept: fences must keep growing.
 --
--- KEYS[1] the record; ARGV[1] the notification channel. Replies 1 (removed) or 0.
+-- KEYS[1] the record; KEYS[2] its step journal, removed too; ARGV[1] the notification
+-- channel. Replies 1 (a record was removed) or 0.
+redis.call('DEL', KEYS[2])
 local v = redis.pcall('GETDEL', KEYS[1])
 if type(v) == 'table' then
   -- Not a string: not an idem record, but still what the operator named; remove it.

@@ -37,8 +37,10 @@ impl RedisStore {
     }
 
     pub(super) async fn forget_record(&self, key: &Key) -> Result<bool, Error> {
-        let mut cmd = evalsha(&FORGET, 1);
-        cmd.arg(self.record_name(key))
+        let names = self.name_with(key, super::journal::STEPS);
+        let mut cmd = evalsha(&FORGET, 2);
+        cmd.arg(&names[..names.len() - super::journal::STEPS.len()])
+            .arg(&names)
             .arg(self.inner.notifier.channel());
         self.eval_bool(key, &FORGET, cmd).await
     }

@@ -17,6 +17,11 @@
 //!   value.
 //! - issued token: `i` and the waited flag; the key's expiry is the token's.
 //!
+//! A record's step journal (durable steps) is a hash at `...}:steps`, one field per step
+//! name: `d` (done) or `i` (an intent), when it was written (15 decimal digits, ms by the
+//! Redis clock), then the value. It expires with the record's ttl after its last write,
+//! survives a release or an expired lease, and is dropped by a completion or a `forget`.
+//!
 //! Anything else under a record's name (another type, an unknown state byte, a record
 //! cut short) is reported as [`Error::Corrupt`], never replayed; that includes the hash
 //! records of idem versions before this layout, until they expire. Needs Redis 7.0 or
@@ -31,6 +36,8 @@
 //!   claim, a completed record a replay; anything else (held by another owner, a token,
 //!   garbage) goes to the claim script, which answers busy, takes a token over, or
 //!   reports corruption. So a new key costs that `SET` and a completion, a replay one `SET`.
+//!   The `SET` is pipelined with an `HGETALL` of the record's step journal, so a claim that
+//!   resumes a stepped body gets its journal in the same round trip.
 //! - Completion, release and renewal are small scripts: read the record, compare the
 //!   owner's bytes, then `SET … PX`, `DEL` or `PEXPIRE`, and `PUBLISH` only if somebody
 //!   waited.
@@ -58,6 +65,7 @@ mod builder;
 mod cluster;
 mod connect;
 mod inspection;
+mod journal;
 mod notify;
 mod record;
 mod replicas;

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use redis::{Cmd, Script, Value};
 
 use super::RedisStore;
+use super::journal::{STEPS, claimed_with};
 use super::record::{ceil_millis, evalsha, in_progress};
 use super::reply::{corrupt, parse_claim, parse_completed};
 use crate::store::{
@@ -38,7 +39,10 @@ impl RedisStore {
     async fn claim_acked(&self, key: &Key, cmd: Cmd) -> Result<ClaimOutcome, Error> {
         let (v, confirm) = self.eval_acked(&CLAIM, cmd).await?;
         let outcome = parse_claim(key, v)?;
-        if matches!(outcome, ClaimOutcome::Claimed { .. }) {
+        if matches!(
+            outcome,
+            ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }
+        ) {
             confirm()?;
         }
         Ok(outcome)
@@ -58,24 +62,28 @@ impl Store for RedisStore {
             let channel = self.inner.notifier.channel();
             match req.kind {
                 ClaimKind::Dedup => {
-                    let rec = self.record_name(key);
+                    // One allocation for both names: the record's, then its journal's.
+                    let names = self.name_with(key, STEPS);
+                    let rec = &names[..names.len() - STEPS.len()];
                     let mut cmd = Cmd::with_capacity(7, rec.len() + len + 40);
                     cmd.arg("SET")
-                        .arg(&rec)
+                        .arg(rec)
                         .arg(record)
                         .arg("NX")
                         .arg("GET")
                         .arg("PX")
                         .arg(lease);
+                    // The journal is read in the same round trip, after the `SET`: if
+                    // that claimed the record, no earlier owner can write it any more.
                     let wait = self.inner.wait.as_ref();
-                    match self.exec_with(None, &cmd, wait).await? {
-                        Ok((Value::Nil, reply)) => {
+                    match self.claim_pipelined(&cmd, &names, wait).await? {
+                        Ok((Value::Nil, journal, reply)) => {
                             if let Some(w) = wait {
                                 w.check(reply.as_ref())?;
                             }
-                            return Ok(ClaimOutcome::Claimed { fence: 0 });
+                            return claimed_with(key, journal);
                         }
-                        Ok((Value::BulkString(b), _)) if b.first() == Some(&b'c') => {
+                        Ok((Value::BulkString(b), _, _)) if b.first() == Some(&b'c') => {
                             return parse_completed(key, b);
                         }
                         // WRONGTYPE: not a string; the script says so in its words.
@@ -83,8 +91,8 @@ impl Store for RedisStore {
                         // Held by another owner, a token, or garbage: the script decides.
                         _ => {}
                     }
-                    let mut cmd = evalsha(&CLAIM, 1);
-                    cmd.arg(&rec).arg(record).arg(lease).arg(channel);
+                    let mut cmd = evalsha(&CLAIM, 2);
+                    cmd.arg(rec).arg(&names).arg(record).arg(lease).arg(channel);
                     self.claim_acked(key, cmd).await
                 }
                 ClaimKind::Lock => {
@@ -100,11 +108,10 @@ impl Store for RedisStore {
                     self.claim_acked(key, cmd).await
                 }
                 ClaimKind::Token => {
-                    let mut cmd = evalsha(&CLAIM, 1);
-                    cmd.arg(self.record_name(key))
-                        .arg(record)
-                        .arg(lease)
-                        .arg(channel);
+                    let names = self.name_with(key, STEPS);
+                    let rec = &names[..names.len() - STEPS.len()];
+                    let mut cmd = evalsha(&CLAIM, 2);
+                    cmd.arg(rec).arg(&names).arg(record).arg(lease).arg(channel);
                     self.claim_acked(key, cmd).await
                 }
             }
@@ -119,8 +126,10 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let mut cmd = evalsha(&COMPLETE, 1);
-            cmd.arg(self.record_name(key))
+            let names = self.name_with(key, STEPS);
+            let mut cmd = evalsha(&COMPLETE, 2);
+            cmd.arg(&names[..names.len() - STEPS.len()])
+                .arg(&names)
                 .arg(&owner.0.to_be_bytes()[..])
                 .arg(value.as_ref())
                 .arg(ceil_millis(ttl))
@@ -214,6 +223,10 @@ impl Store for RedisStore {
     }
 
     fn blooms(&self) -> Option<&dyn BloomStore> {
+        Some(self)
+    }
+
+    fn journal(&self) -> Option<&dyn crate::store::JournalStore> {
         Some(self)
     }
 

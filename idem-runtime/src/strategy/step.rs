@@ -1,0 +1,310 @@
+//! Durable steps: a body with several effects resumes where it stopped, and never
+//! repeats a finished one.
+//!
+//! Inside a body that holds a claim (an `#[idempotent]` dedup or token function,
+//! [`Idem::dedup`](crate::Idem::dedup), a handler behind idem-http's layer or an
+//! idem-consumer handler), [`step`] runs its closure at most once per key while the
+//! key's record lives, and journals its `Ok` value in the store, owner-checked, in one
+//! write. An `Err` is not journaled, so the step runs again on the next attempt.
+//!
+//! The journal survives a release: if the body fails after two steps, or its future is
+//! dropped, or its process dies (past its lease), the next attempt gets the journal with
+//! its claim (no extra round trip) and replays those two steps from it, running only
+//! what is left. It is dropped when the call completes, when the key is forgotten, or
+//! with the record's ttl (counted from the last step written).
+//!
+//! [`StepCtx::key`] is a stable downstream idempotency key per (record, step): pass it
+//! to a gateway, so that a crash *inside* a step (after the gateway charged, before the
+//! journal write) is deduplicated downstream too. For a downstream without such a key,
+//! a [`Verified`] step records its intent before it runs, and on resume asks its
+//! `verify` closure whether the effect happened.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idem_runtime::Error> {
+//! use idem_runtime::{Error, Idem, Options, step};
+//! static CHECKOUT: Options = Options::dedup("shop::checkout");
+//! let idem = Idem::builder().build();
+//! let receipt = idem
+//!     .dedup(&CHECKOUT, "order-7", async {
+//!         let charge: String = step("charge", |s| async move {
+//!             // gateway.charge(cents).idempotency_key(s.key())...
+//!             Ok::<_, Error>(format!("ch_{}", &s.key()[5..13]))
+//!         })
+//!         .await?;
+//!         let coupon: u32 = step("coupon", |_| async { Ok::<_, Error>(42) }).await?;
+//!         Ok::<_, Error>((charge, coupon))
+//!     })
+//!     .await?;
+//! assert_eq!(receipt.1, 42);
+//! // Outside a claimed body, a step is an error, never a plain run.
+//! let outside = step("charge", |_| async { Ok::<_, Error>(1u8) }).await;
+//! assert!(matches!(outside, Err(Error::StepOutsideClaim { .. })));
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
+
+use super::call_ctx::{self, StepStart};
+use crate::Error;
+use crate::codec::{decode_step, encode_step};
+use crate::observe::{self, StepOutcome};
+use crate::store::{ClaimOutcome, Journal};
+
+/// What a step's closure gets: its downstream idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepCtx {
+    key: String,
+}
+
+impl StepCtx {
+    /// A stable downstream idempotency key for this (record, step): the same on every
+    /// attempt and, on a shared store (Redis, SQL), in every process; different for
+    /// every step and every key. `idem-` and 32 lowercase hex digits (37 printable ASCII
+    /// characters, well under Stripe's 255), derived one-way from the record's digest
+    /// and the step's name, so it carries no raw key material. On an in-process store
+    /// ([`MemoryStore`](crate::MemoryStore)) it is stable within the process.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// Runs `f` as the durable step `name` of the claimed body running in this task, and
+/// returns its value: from the journal if an earlier attempt at this key finished the
+/// step, else by running `f` and journaling its `Ok` value (one owner-checked store
+/// write). An `Err` from `f` is returned and not journaled.
+///
+/// Errors (as `E`, through `From<Error>`), each before `f` runs:
+/// [`Error::StepOutsideClaim`] outside a claimed dedup or token body (no silent plain
+/// run); [`Error::StepReused`] for a name this call already used (loops name their
+/// steps: `&format!("mail:{i}")`); [`Error::Unsupported`] on a store without a step
+/// journal; a [`Error::Codec`] if a journaled value does not decode as `T`.
+///
+/// A journal write that fails after `f` succeeded (a store error, a lost lease) is
+/// logged and the value returned: the effect happened, and [`StepCtx::key`] lets the
+/// downstream deduplicate the step should a later attempt run it again.
+pub async fn step<T, E, F, Fut>(name: &str, f: F) -> Result<T, E>
+where
+    F: FnOnce(StepCtx) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    run::<T, E, F, Fut, NoVerify<T, E>, _>(name, None, f).await
+}
+
+type NoVerify<T, E> = fn(StepCtx) -> std::future::Ready<Result<Option<T>, E>>;
+
+/// A step whose downstream has no idempotency key: it records its *intent* before it
+/// runs (one more write), and an attempt that finds the intent without a result asks
+/// `verify` first: `Some(v)` is journaled as the step's value without running it,
+/// `None` runs it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_runtime::Error> {
+/// use idem_runtime::{Error, Idem, Options, Verified};
+/// static SHIP: Options = Options::dedup("shop::ship");
+/// let idem = Idem::builder().build();
+/// let parcel: u64 = idem
+///     .dedup(&SHIP, "order-7", async {
+///         Verified::new("ship")
+///             .verify(|s| async move {
+///                 // carrier.find(s.key()).await: Some(parcel) if it shipped
+///                 let _ = s.key();
+///                 Ok::<_, Error>(None)
+///             })
+///             .run(|_| async { Ok::<_, Error>(4711) })
+///             .await
+///     })
+///     .await?;
+/// assert_eq!(parcel, 4711);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a verified step does nothing until `.verify(..).run(..)` is awaited"]
+pub struct Verified<'n, V = ()> {
+    name: &'n str,
+    verify: V,
+}
+
+impl<'n> Verified<'n> {
+    /// The verified step `name` (same naming rules as [`step`]).
+    pub fn new(name: &'n str) -> Self {
+        Verified { name, verify: () }
+    }
+
+    /// How to find out whether an earlier attempt's effect happened: called with the
+    /// step's [`StepCtx`] when its intent is journaled without a result; `Ok(Some(v))`
+    /// if it did (`v` becomes the step's value), `Ok(None)` if it did not (the step
+    /// runs).
+    pub fn verify<V, VFut>(self, verify: V) -> Verified<'n, V>
+    where
+        V: FnOnce(StepCtx) -> VFut,
+    {
+        Verified {
+            name: self.name,
+            verify,
+        }
+    }
+}
+
+impl<V> Verified<'_, V> {
+    /// Runs the step: as [`step`], with the intent written before `f` runs (if that write
+    /// fails, or the claim was lost, `f` does not run and the error is returned), and
+    /// `verify` asked first on an attempt that finds the intent without a result.
+    pub async fn run<T, E, F, Fut, VFut>(self, f: F) -> Result<T, E>
+    where
+        V: FnOnce(StepCtx) -> VFut,
+        VFut: Future<Output = Result<Option<T>, E>>,
+        F: FnOnce(StepCtx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        run(self.name, Some(self.verify), f).await
+    }
+}
+
+async fn run<T, E, F, Fut, V, VFut>(name: &str, verify: Option<V>, f: F) -> Result<T, E>
+where
+    F: FnOnce(StepCtx) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    V: FnOnce(StepCtx) -> VFut,
+    VFut: Future<Output = Result<Option<T>, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    let start = match call_ctx::start_step(name) {
+        Ok(start) => start,
+        Err(e) => {
+            tracing::error!(step = name, error = %e, "durable step refused");
+            return Err(e.into());
+        }
+    };
+    let function = start.function;
+    let span = observe::step_span(function, name);
+    let out = attempt(start, name, verify, f)
+        .instrument(span.clone())
+        .await;
+    let _entered = span.enter();
+    match out {
+        Ok((value, outcome)) => {
+            observe::step_ended(function, outcome);
+            Ok(value)
+        }
+        Err(e) => {
+            observe::step_ended(function, StepOutcome::Failed);
+            Err(e)
+        }
+    }
+}
+
+/// One step: replay, verify, or run and journal.
+async fn attempt<T, E, F, Fut, V, VFut>(
+    start: StepStart,
+    name: &str,
+    verify: Option<V>,
+    f: F,
+) -> Result<(T, StepOutcome), E>
+where
+    F: FnOnce(StepCtx) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    V: FnOnce(StepCtx) -> VFut,
+    VFut: Future<Output = Result<Option<T>, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    let key = start.key;
+    if start.store.journal().is_none() {
+        return Err(Error::Unsupported("durable steps (a step journal)").into());
+    }
+    let ctx = || StepCtx {
+        key: call_ctx::step_key(&key, name),
+    };
+    match (&start.journaled, verify) {
+        (Some(Some(bytes)), _) => {
+            let value = decode_step::<T>(&key, bytes)?;
+            return Ok((value, StepOutcome::Replayed));
+        }
+        (Some(None), Some(verify)) => {
+            // An earlier attempt started the effect; whether it landed is unknown.
+            if let Some(value) = verify(ctx()).await? {
+                journal(&start, name, &value).await;
+                return Ok((value, StepOutcome::Verified));
+            }
+        }
+        // An intent left by a verified step of an older build: run it, as asked.
+        (Some(None), None) => {}
+        (None, Some(_)) => {
+            // The intent must be recorded before the effect can start: without it a
+            // later attempt could not know to ask `verify`.
+            match write(&start, name, None).await {
+                Ok(true) => {}
+                Ok(false) => return Err(Error::LeaseLost { key }.into()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        (None, None) => {}
+    }
+    let value = f(ctx()).await?;
+    journal(&start, name, &value).await;
+    Ok((value, StepOutcome::Ran))
+}
+
+/// Journals a finished step's value. A failure is logged, not returned: the effect
+/// happened, and the caller gets its value.
+async fn journal<T: Serialize>(start: &StepStart, name: &str, value: &T) {
+    let key = &start.key;
+    let bytes = match encode_step(key, value) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::error!(%key, step = name, error = %e, "a step's value does not serialize; \
+                not journaled, so a later attempt runs the step again");
+            return;
+        }
+    };
+    match write(start, name, Some(bytes)).await {
+        Ok(true) => {}
+        Ok(false) => {
+            observe::lease_lost();
+            tracing::warn!(%key, step = name, "the claim was lost before the step was journaled");
+        }
+        Err(e) => {
+            tracing::warn!(%key, step = name, error = %e, "could not journal the step; a later \
+                attempt runs it again (its downstream key lets the downstream deduplicate it)");
+        }
+    }
+}
+
+/// One owner-checked journal write.
+async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bool, Error> {
+    match start.store.journal() {
+        Some(j) => {
+            j.write_step(&start.key, start.owner, name, value, start.ttl)
+                .await
+        }
+        None => Err(Error::Unsupported("durable steps (a step journal)")),
+    }
+}
+
+/// A claim's answer as the strategies get it: the outcome (`None`: the wait ran out),
+/// what the store's fast path kept beside it, and whether the call waited.
+pub(crate) type Claimed<X> = Result<(Option<ClaimOutcome>, X, bool), Error>;
+
+/// Splits a claim's answer into the answer strategies know (`Resumed` read as
+/// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
+pub(crate) fn take_journal<X>(claimed: Claimed<X>) -> (Claimed<X>, Option<Journal>) {
+    match claimed {
+        Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
+            Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),
+            Some(journal),
+        ),
+        other => (other, None),
+    }
+}
