@@ -11,8 +11,8 @@ use redis::{Script, Value};
 use super::RedisStore;
 #[cfg(feature = "redis-cluster")]
 use super::connect::Conn;
+use super::record::corrupt;
 use super::record::evalsha;
-use super::reply::corrupt;
 use crate::store::{ClaimKind, Owner};
 use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
 

@@ -9,9 +9,9 @@ use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 
 use super::RedisStore;
 use super::connect::is_transport_error;
+use super::record::corrupt;
 use super::record::{ceil_millis, evalsha};
 use super::replicas::Wait;
-use super::reply::corrupt;
 use crate::store::journal::from_unix_ms;
 use crate::store::{BoxFuture, ClaimOutcome, Journal, JournalEntry, JournalStore, Owner};
 use crate::{Error, Key};

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::{Cmd, Script};
 
 use crate::store::{ClaimKind, ClaimRequest, Owner};
+use crate::{Error, Key};
 
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -78,5 +79,13 @@ pub(super) fn in_progress(req: &ClaimRequest) -> ([u8; CLAIM_MAX], usize) {
             (b, 35)
         }
         None => (b, 19),
+    }
+}
+
+/// A record (or a reply about one) that does not have the shape idem writes.
+pub(super) fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        key: *key,
+        reason: reason.into(),
     }
 }

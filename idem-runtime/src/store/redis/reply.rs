@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Value;
 
+use super::record::corrupt;
 use crate::store::ClaimOutcome;
 use crate::{Error, Fingerprint, Key};
 
@@ -15,13 +16,6 @@ pub(super) fn bool_reply(key: &Key, v: Value) -> Result<bool, Error> {
         Value::Int(n) => Ok(n == 1),
         Value::Array(items) => Err(corrupt_from(key, &items)),
         other => Err(corrupt(key, format!("unexpected reply {other:?}"))),
-    }
-}
-
-pub(super) fn corrupt(key: &Key, reason: impl Into<String>) -> Error {
-    Error::Corrupt {
-        key: *key,
-        reason: reason.into(),
     }
 }
 

@@ -8,8 +8,9 @@ use redis::{Cmd, Script, Value};
 
 use super::RedisStore;
 use super::journal::{STEPS, claimed_with};
+use super::record::corrupt;
 use super::record::{ceil_millis, evalsha, in_progress};
-use super::reply::{corrupt, parse_claim, parse_completed};
+use super::reply::{parse_claim, parse_completed};
 use crate::store::{
     BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, Owner, StateStore, Store,
     Subscription, VersionedStore,

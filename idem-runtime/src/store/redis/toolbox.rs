@@ -23,8 +23,9 @@ use bytes::Bytes;
 use redis::{Cmd, Script, Value};
 
 use super::RedisStore;
+use super::record::corrupt;
 use super::record::{ceil_millis, evalsha, owner_hex};
-use super::reply::{corrupt, corrupt_from};
+use super::reply::corrupt_from;
 use crate::store::{
     BloomStore, BoxFuture, Owner, Settle, StateStore, TransitionOutcome, TransitionRequest,
     VersionedBytes, VersionedStore,
