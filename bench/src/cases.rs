@@ -45,7 +45,7 @@ pub const FAMILIES: &[Family] = &[
     },
     Family {
         name: "consumer",
-        about: "idem's consumer rules against a bare ack-only consumer on NATS and RabbitMQ",
+        about: "idem's consumer rules against a bare ack-only consumer on NATS, RabbitMQ, Redis Streams and MQTT",
         run: |a, r| Box::pin(consumer::run(a, r)),
     },
     Family {

@@ -9,8 +9,11 @@
 //! RabbitMQ at `$IDEM_BENCH_AMQP` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! Redis Streams at `$IDEM_BENCH_REDIS` (default `redis://127.0.0.1:6379`) and MQTT 5 at
 //! `$IDEM_BENCH_MQTT` (default `127.0.0.1:1883`); a broker that does not answer is noted
-//! and skipped. An MQTT run holds at most 900 messages: Mosquitto queues at most 1,000
-//! per session by default, and the messages are published before the run.
+//! and skipped. NATS, RabbitMQ and Redis get every message before the run; MQTT gets them
+//! during it, at most [`MQTT_AHEAD`] ahead of the consumer: Mosquitto queues at most
+//! 1,000 per session by default (a limit kept) and drops the rest, so a backlog of the
+//! whole run cannot wait for it. The figure is the steady state of publish and consume
+//! together, as MQTT is used.
 
 use std::future::IntoFuture as _;
 use std::sync::Arc;
@@ -19,9 +22,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, message::PublishMessage, stream};
 use futures_util::future::join_all;
+use idem_consumer::mqtt::rumqttc::Outgoing;
 use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
 use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
-use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::NatsSource;
 use idem_consumer::rabbitmq::RabbitSource;
@@ -79,18 +83,16 @@ pub(crate) async fn run(args: &Args, report: &mut Report) {
         Broker::Redis(redis_url),
         Broker::Mqtt(mqtt_addr),
     ] {
-        let n = match broker {
-            Broker::Mqtt(_) => n.min(MQTT_MAX),
-            _ => n,
-        };
         if let Err(e) = broker_cases(args, report, &broker, n, pg.as_deref()).await {
             report.note(format!("consumer/{} skipped: {e}", broker.name()));
         }
     }
 }
 
-/// Messages per MQTT run: under Mosquitto's default of 1,000 queued per session.
-const MQTT_MAX: usize = 900;
+/// How far the MQTT publisher may run ahead of the consumer's acks: with the
+/// [`CONCURRENCY`] messages in flight to the consumer, well under Mosquitto's default of
+/// 1,000 queued per session beyond those in flight.
+const MQTT_AHEAD: u64 = 512;
 
 enum Broker {
     Nats(String),
@@ -157,8 +159,9 @@ fn summary(mut rates: Vec<f64>) -> Summary {
     }
 }
 
-/// Publishes `n` fresh messages, then consumes them all: through idem on `store`, or
-/// bare (`None`). Messages per second from the first pull to the last ack.
+/// Publishes `n` fresh messages and consumes them all: through idem on `store`, or bare
+/// (`None`). Messages per second from the first pull to the last ack (MQTT: from the
+/// first pull, with [`MQTT_AHEAD`] messages waiting, to the last ack).
 async fn measure(
     broker: &Broker,
     n: usize,
@@ -202,7 +205,7 @@ async fn measure(
                 })
                 .await?;
             let source = NatsSource::new(&mut c, Duration::from_secs(600), PREFETCH).await?;
-            let rate = consume(source, n, store).await;
+            let rate = consume(source, n, store, Arc::default()).await;
             let _ = js.delete_stream(&name).await;
             rate
         }
@@ -245,7 +248,7 @@ async fn measure(
                 }
             }
             let source = RabbitSource::new(&ch, &queue, PREFETCH as u16).await?;
-            let rate = consume(source, n, store).await;
+            let rate = consume(source, n, store, Arc::default()).await;
             let _ = ch
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
@@ -275,7 +278,7 @@ async fn measure(
                 .batch(PREFETCH)
                 .max_deliveries(5);
             let source = RedisStreamSource::new(&client, cfg).await?;
-            let rate = consume(source, n, store).await;
+            let rate = consume(source, n, store, Arc::default()).await;
             let _: Result<(), _> = redis::cmd("DEL").arg(&stream).query_async(&mut conn).await;
             rate
         }
@@ -292,36 +295,25 @@ async fn measure(
             let topic = format!("bench/{tag}");
             let client_id = format!("bench-{tag}");
             let cfg = MqttConfig::new(&topic).receive_maximum(CONCURRENCY as u16);
-            // The session subscribes first; the messages wait for it at the broker.
+            // The session subscribes first, so every message published is queued for it.
             let source = MqttSource::new(options(&client_id), cfg).await?;
-            let (publisher, mut events) = AsyncClient::new(options(&format!("pub-{tag}")), 64);
-            let sender = publisher.clone();
-            let (t, tg) = (topic.clone(), tag.clone());
-            let send = tokio::spawn(async move {
-                for i in 0..n {
-                    let mut props = PublishProperties::default();
-                    props
-                        .user_properties
-                        .push(("message-id".into(), format!("{tg}-{i}")));
-                    sender
-                        .publish_with_properties(t.as_str(), QoS::AtLeastOnce, false, "{}", props)
-                        .await?;
-                }
-                Ok::<_, BoxError>(())
-            });
-            let acked = async {
-                let mut acked = 0;
-                while acked < n {
-                    if let Event::Incoming(Packet::PubAck(_)) = events.poll().await? {
-                        acked += 1;
-                    }
-                }
-                Ok::<_, BoxError>(())
-            };
-            bounded("publish acks", acked).await?;
-            send.await??;
-            let _ = publisher.disconnect().await;
-            let rate = consume(source, n, store).await;
+            let consumed = Arc::new(AtomicU64::new(0));
+            let feed = MqttFeed::start(
+                AsyncClient::new(options(&format!("pub-{tag}")), 64),
+                topic,
+                tag,
+                n as u64,
+                consumed.clone(),
+            );
+            // The run starts with a backlog of MQTT_AHEAD, as the other brokers start
+            // with theirs, and the publisher keeps it topped up from then on.
+            bounded(
+                "the first publishes",
+                feed.published(MQTT_AHEAD.min(n as u64)),
+            )
+            .await?;
+            let rate = consume(source, n, store, consumed).await;
+            let fed = bounded("the publisher", feed.finish()).await;
             // Ends the session (a clean start without expiry).
             let mut o = options(&client_id);
             o.set_clean_start(true);
@@ -334,20 +326,104 @@ async fn measure(
                 }
             })
             .await;
-            rate
+            let rate = rate?;
+            fed?;
+            Ok(rate)
         }
     }
 }
 
+/// An MQTT publisher of `n` QoS 1 messages (the id in the `message-id` user property),
+/// kept at most [`MQTT_AHEAD`] ahead of `consumed`.
+struct MqttFeed {
+    /// Publishes the broker has acked.
+    acked: Arc<AtomicU64>,
+    send: tokio::task::JoinHandle<Result<(), BoxError>>,
+    poll: tokio::task::JoinHandle<Result<(), BoxError>>,
+}
+
+impl MqttFeed {
+    fn start(
+        (client, mut events): (AsyncClient, EventLoop),
+        topic: String,
+        tag: String,
+        n: u64,
+        consumed: Arc<AtomicU64>,
+    ) -> MqttFeed {
+        let acked = Arc::new(AtomicU64::new(0));
+        let sender = client.clone();
+        let send = tokio::spawn(async move {
+            let deadline = Instant::now() + RUN_TIMEOUT;
+            for i in 0..n {
+                // Polled rather than woken, so neither consumer pays for waking it.
+                while i >= consumed.load(Ordering::Relaxed) + MQTT_AHEAD {
+                    if Instant::now() > deadline {
+                        return Err("MQTT publisher: the consumer stopped taking messages".into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let mut props = PublishProperties::default();
+                props
+                    .user_properties
+                    .push(("message-id".into(), format!("{tag}-{i}")));
+                sender
+                    .publish_with_properties(topic.as_str(), QoS::AtLeastOnce, false, "{}", props)
+                    .await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+        let count = acked.clone();
+        let poll = tokio::spawn(async move {
+            while count.load(Ordering::Relaxed) < n {
+                if let Event::Incoming(Packet::PubAck(_)) = events.poll().await? {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // The DISCONNECT is written while the loop is polled.
+            let _ = client.try_disconnect();
+            let _ = tokio::time::timeout(STEP_TIMEOUT, async {
+                while !matches!(
+                    events.poll().await,
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_)
+                ) {}
+            })
+            .await;
+            Ok::<_, BoxError>(())
+        });
+        MqttFeed { acked, send, poll }
+    }
+
+    /// Once the broker acked `k` publishes.
+    async fn published(&self, k: u64) -> Result<(), BoxError> {
+        while self.acked.load(Ordering::Relaxed) < k {
+            if self.poll.is_finished() {
+                return Err("MQTT publisher: it stopped early".into());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
+    /// Every publish sent and acked by the broker, and the publisher gone.
+    async fn finish(self) -> Result<(), BoxError> {
+        self.send.await??;
+        self.poll.await??;
+        Ok(())
+    }
+}
+
+/// Consumes `n` messages from `source`, counting them in `consumed` as they are acked
+/// (the idem consumer's every millisecond, so neither path pays per message for it).
 async fn consume<S: Source + 'static>(
     source: S,
     n: usize,
     store: Option<Arc<dyn Store>>,
+    consumed: Arc<AtomicU64>,
 ) -> Result<f64, BoxError> {
     let started = Instant::now();
     let deadline = started + RUN_TIMEOUT;
     match store {
-        None => bare(source, n as u64, deadline).await?,
+        None => bare(source, n as u64, deadline, consumed).await?,
         Some(store) => {
             let idem = Idem::builder()
                 .shared_store(store)
@@ -358,7 +434,12 @@ async fn consume<S: Source + 'static>(
                 .handler(|_: Message| async { Ok::<_, BoxError>(()) });
             let watch = consumer.clone();
             let done = async move {
-                while watch.counters().processed < n as u64 && Instant::now() < deadline {
+                loop {
+                    let processed = watch.counters().processed;
+                    consumed.store(processed, Ordering::Relaxed);
+                    if processed >= n as u64 || Instant::now() >= deadline {
+                        break;
+                    }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             };
@@ -376,10 +457,15 @@ async fn consume<S: Source + 'static>(
 }
 
 /// The baseline: the same pull loop shape as [`Consumer::run`] (a task per delivery, at
-/// most [`CONCURRENCY`] in flight), and each delivery only acked.
-async fn bare<S: Source>(mut source: S, n: u64, deadline: Instant) -> Result<(), BoxError> {
+/// most [`CONCURRENCY`] in flight), each delivery only acked, and the source closed as
+/// the consumer's run closes it. `acked` counts the acks.
+async fn bare<S: Source>(
+    mut source: S,
+    n: u64,
+    deadline: Instant,
+    acked: Arc<AtomicU64>,
+) -> Result<(), BoxError> {
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
-    let acked = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     let mut pulled = 0;
     // Every wait is bounded by the run's deadline, not checked only after a message
@@ -412,6 +498,7 @@ async fn bare<S: Source>(mut source: S, n: u64, deadline: Instant) -> Result<(),
     tokio::time::timeout_at(deadline.into(), drained)
         .await
         .map_err(|_| timed_out())?;
+    source.close().await;
     match acked.load(Ordering::Relaxed) {
         a if a == n => Ok(()),
         a => Err(format!("bare consumer: {a} of {n} acks went through").into()),

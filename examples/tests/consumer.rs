@@ -6,9 +6,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
-use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
-use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use idem_consumer::Source as _;
 use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::nats::async_nats::{self, jetstream};
 use idem_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -26,12 +24,14 @@ const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const REDIS: &str = "redis://127.0.0.1:6379";
 const MQTT: &str = "mqtt://127.0.0.1:1883";
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
+// The broker tests' helpers: unique names, and MQTT's options, publisher and session end.
+#[path = "../../idem-consumer/tests/common/mod.rs"]
+mod common;
+#[path = "../../idem-consumer/tests/common/mqtt.rs"]
+mod mqtt_support;
+
+use common::unique;
+use mqtt_support::{end_session, options as mqtt_options};
 
 /// Where the messages come from, and the ledger they go to.
 struct Setup {
@@ -181,22 +181,16 @@ async fn redis_setup() -> Setup {
     }
 }
 
-fn mqtt_options(client_id: &str) -> MqttOptions {
-    let mut o = MqttOptions::new(client_id, "127.0.0.1", 1883);
-    o.set_keep_alive(Duration::from_secs(10));
-    o
-}
-
 /// A topic and a persistent session subscribed to it, created here and left offline (as
 /// a consumer that was stopped): messages published now are queued for it.
 async fn mqtt_setup() -> Setup {
     let topic = unique("et");
     let client_id = unique("ec");
-    let session = MqttSource::new(mqtt_options(&client_id), MqttConfig::new(&topic))
+    MqttSource::new(mqtt_options(&client_id), MqttConfig::new(&topic))
         .await
-        .expect("Mosquitto on 1883");
-    drop(session);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+        .expect("Mosquitto on 1883")
+        .close()
+        .await;
     let (ledger, table) = ledger().await;
     let broker = [
         "--broker",
@@ -219,43 +213,6 @@ async fn mqtt_setup() -> Setup {
 
 fn shared_topic(topic: &str) -> String {
     format!("$share/idem/{topic}")
-}
-
-/// QoS 1 publishes with the id in the `message-id` user property, each acked by the broker.
-async fn mqtt_publish(topic: &str, messages: Vec<(String, String)>) {
-    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 64);
-    let total = messages.len();
-    let sender = client.clone();
-    let topic = topic.to_owned();
-    let send = tokio::spawn(async move {
-        for (id, body) in messages {
-            let mut props = PublishProperties::default();
-            props.user_properties.push(("message-id".into(), id));
-            sender
-                .publish_with_properties(topic.as_str(), QoS::AtLeastOnce, false, body, props)
-                .await
-                .expect("publish");
-        }
-    });
-    let mut acked = 0;
-    let wait = async {
-        while acked < total {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
-                Ok(_) => {}
-                Err(e) => panic!("Mosquitto on 1883: {e}"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), wait)
-        .await
-        .expect("the broker acks the publishes");
-    send.await.expect("the sender");
-    let _ = client.disconnect().await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while events.poll().await.is_ok() {}
-    })
-    .await;
 }
 
 /// `XADD <stream> * message_id <id> payload <body>`.
@@ -315,13 +272,17 @@ impl Setup {
                 }
             }
             Publisher::Mqtt(topic, _) => {
-                let msgs = ids
+                let msgs: Vec<(String, String)> = ids
                     .map(|i| {
                         let body = format!(r#"{{"account":"acct-{}","amount":{}}}"#, i % 7, i + 1);
                         (format!("m-{i}"), body)
                     })
                     .collect();
-                mqtt_publish(topic, msgs).await;
+                let msgs: Vec<_> = msgs
+                    .iter()
+                    .map(|(id, body)| (Some(id.as_str()), body.as_str()))
+                    .collect();
+                mqtt_support::publish(topic, &msgs).await;
             }
         }
     }
@@ -356,9 +317,7 @@ impl Setup {
                 let _ = ch.close(200, "".into()).await;
             }
             Publisher::Redis(conn, stream) => xadd(conn, stream, id, body).await,
-            Publisher::Mqtt(topic, _) => {
-                mqtt_publish(topic, vec![(id.to_owned(), body.to_owned())]).await
-            }
+            Publisher::Mqtt(topic, _) => mqtt_support::publish(topic, &[(Some(id), body)]).await,
         }
     }
 
@@ -491,17 +450,7 @@ impl Setup {
                 // A clean start with no session expiry ends a session.
                 let ids = [0, 1, 2].map(|slot| format!("{client_id}-{slot}"));
                 for id in std::iter::once(&client_id).chain(&ids) {
-                    let mut o = mqtt_options(id);
-                    o.set_clean_start(true);
-                    let (client, mut events) = AsyncClient::new(o, 8);
-                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                        while let Ok(e) = events.poll().await {
-                            if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
-                                let _ = client.disconnect().await;
-                            }
-                        }
-                    })
-                    .await;
+                    end_session(id).await;
                 }
             }
         }
@@ -699,21 +648,7 @@ async fn mqtt_a_message_without_an_id_is_acked_and_counted() {
     let Publisher::Mqtt(topic, _) = &setup.publish else {
         unreachable!("an MQTT setup")
     };
-    let (client, mut events) = AsyncClient::new(mqtt_options(&unique("pub")), 8);
-    client
-        .publish(
-            topic.as_str(),
-            QoS::AtLeastOnce,
-            false,
-            r#"{"account":"a","amount":1}"#,
-        )
-        .await
-        .expect("publish");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !matches!(events.poll().await, Ok(Event::Incoming(Packet::PubAck(_)))) {}
-    })
-    .await
-    .expect("the broker acks the publish");
+    mqtt_support::publish(topic, &[(None, r#"{"account":"a","amount":1}"#)]).await;
     setup.publish(0..3).await;
     let c = setup.spawn(REDIS, &["--idle-exit-ms", "1500"]);
     let counters = c.finish(60).await;
@@ -838,12 +773,12 @@ async fn random_kills(setup: Setup) {
         for slot in 0..3 {
             let id = format!("{client_id}-{slot}");
             let cfg = MqttConfig::new(shared_topic(topic));
-            let session = MqttSource::new(mqtt_options(&id), cfg)
+            MqttSource::new(mqtt_options(&id), cfg)
                 .await
-                .expect("Mosquitto on 1883");
-            drop(session);
+                .expect("Mosquitto on 1883")
+                .close()
+                .await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     setup.publish(0..N).await;
     tokio::time::sleep(Duration::from_millis(200)).await; // past the duplicate window

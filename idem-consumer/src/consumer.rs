@@ -228,14 +228,18 @@ impl<E: Effect> Consumer<E> {
 
     /// Pulls deliveries from `source` until it ends or `shutdown` resolves, with at most
     /// `concurrency` in flight, each processed by [`Consumer::process`]. On shutdown it
-    /// stops pulling, lets the deliveries in flight finish and settle, then returns the
-    /// counters. Refuses to start if [`Consumer::check_retention`] fails.
+    /// stops pulling, lets the deliveries in flight finish and settle, closes the source
+    /// ([`Source::close`]), then returns the counters. Refuses to start if
+    /// [`Consumer::check_retention`] fails.
     pub async fn run<S: Source>(
         &self,
         mut source: S,
         shutdown: impl Future<Output = ()>,
     ) -> Result<Counters, ConsumerError> {
-        self.check_retention(source.redelivery_horizon())?;
+        if let Err(e) = self.check_retention(source.redelivery_horizon()) {
+            source.close().await;
+            return Err(e);
+        }
         let slots = Arc::new(Semaphore::new(self.shared.concurrency));
         let mut tasks = JoinSet::new();
         let mut shutdown = pin!(shutdown);
@@ -268,6 +272,7 @@ impl<E: Effect> Consumer<E> {
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
+        source.close().await;
         Ok(self.counters())
     }
 

@@ -93,6 +93,17 @@ pub trait Source: Send {
     fn redelivery_horizon(&self) -> Horizon {
         Horizon::Unknown
     }
+
+    /// Ends the subscription cleanly, once every delivery it handed out is settled:
+    /// [`Consumer::run`](crate::Consumer::run) awaits it before returning. The default
+    /// drops the source; an adapter whose settlements are written by a task of its own
+    /// (MQTT) lets that task write them, and the goodbye, first.
+    fn close(self) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        async move { drop(self) }
+    }
 }
 
 /// How long a broker may keep redelivering a message.

@@ -109,12 +109,15 @@ type Sent = Result<MqttDelivery, BoxError>;
 
 /// The deliveries of one MQTT 5 subscription on a persistent session.
 ///
-/// A task drives the connection (it reconnects after an error, resuming the session);
-/// dropping the source sends a DISCONNECT and ends it. The session and its unacked
-/// messages stay with the broker until the session expiry.
+/// A task drives the connection (it reconnects after an error, resuming the session).
+/// [`Source::close`] (which [`Consumer::run`](crate::Consumer::run) awaits before it
+/// returns) has that task write the acks still queued, then a DISCONNECT, and waits for
+/// it to end; dropping the source does the same without waiting. The session and its
+/// unacked messages stay with the broker until the session expiry.
 pub struct MqttSource {
     rx: mpsc::UnboundedReceiver<Sent>,
-    driver: JoinHandle<()>,
+    /// `None` once closed.
+    driver: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
 
@@ -124,19 +127,26 @@ impl std::fmt::Debug for MqttSource {
     }
 }
 
+/// How long [`Source::close`] (and a dropped source) lets the driver write what is
+/// queued and the DISCONNECT before stopping it.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 impl Drop for MqttSource {
     fn drop(&mut self) {
+        let Some(driver) = self.driver.take() else {
+            return; // closed
+        };
         // The driver writes the acks still queued, then the DISCONNECT, and ends; it is
-        // stopped regardless after 2 s.
+        // stopped regardless after `CLOSE_WAIT`.
         if self.shared.client.try_disconnect().is_err() {
-            self.driver.abort();
+            driver.abort();
             return;
         }
-        let driver = self.driver.abort_handle();
+        let driver = driver.abort_handle();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    tokio::time::sleep(CLOSE_WAIT).await;
                     driver.abort();
                 });
             }
@@ -184,7 +194,7 @@ impl MqttSource {
             tx: tx.clone(),
             written: Mutex::default(),
         });
-        let driver = tokio::spawn(drive(events, shared.clone()));
+        let driver = Some(tokio::spawn(drive(events, shared.clone())));
         Ok(MqttSource { rx, driver, shared })
     }
 }
@@ -269,6 +279,26 @@ impl Source for MqttSource {
 
     fn redelivery_horizon(&self) -> Horizon {
         Horizon::Unknown
+    }
+
+    /// Queues a DISCONNECT behind the acks already sent to the client, and waits (up to
+    /// 2 s) until the driver wrote them all and ended. Once it returns, the broker has
+    /// (or is reading) every ack and the goodbye on this connection, so a new session
+    /// with the same client id takes over a session with nothing left unacked that was
+    /// acked here.
+    async fn close(mut self) {
+        let Some(mut driver) = self.driver.take() else {
+            return;
+        };
+        let queued = tokio::time::timeout(CLOSE_WAIT, self.shared.client.disconnect()).await;
+        if !matches!(queued, Ok(Ok(()))) {
+            driver.abort();
+            return;
+        }
+        if tokio::time::timeout(CLOSE_WAIT, &mut driver).await.is_err() {
+            tracing::warn!("the MQTT connection did not write its DISCONNECT in time");
+            driver.abort();
+        }
     }
 }
 

@@ -6,8 +6,11 @@
 //! killed) for at least `min_idle` are taken over with `XAUTOCLAIM`, every
 //! `claim_every`. Settling a delivery:
 //!
-//! - **ack** is `XACK`, sent after the result is recorded. An entry a twin already acked
-//!   counts as acked: nothing delivers it again.
+//! - **ack** is `XACK`, sent after the result is recorded, and resolved once Redis
+//!   answered it. The acks of a source's deliveries go out together: one `XACK` carries
+//!   every ack queued while the previous one was on its way (one command per batch
+//!   rather than one per entry, at any concurrency). An entry a twin already acked counts
+//!   as acked: nothing delivers it again.
 //! - **in progress** is `XCLAIM <stream> <group> <me> 0 <id> JUSTID`, sent every third of
 //!   `min_idle` while the handler runs (the `+WPI` of streams): the entry's idle time
 //!   starts again, so `XAUTOCLAIM` does not hand a live consumer's entry to another. It is
@@ -68,6 +71,7 @@ use bytes::Bytes;
 use idem_runtime::BoxError;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use redis;
@@ -195,6 +199,60 @@ struct Shared {
     dead_letter: String,
     min_idle: Duration,
     progress: Option<Duration>,
+    /// Where acks wait for the next `XACK` (see [`acker`]).
+    acks: mpsc::UnboundedSender<PendingAck>,
+}
+
+/// An ack waiting for its `XACK`, and where its answer goes.
+struct PendingAck {
+    entry_id: String,
+    answer: oneshot::Sender<redis::RedisResult<()>>,
+}
+
+/// Most entry ids in one `XACK`.
+const ACK_BATCH: usize = 1024;
+
+/// Sends the acks of a source's deliveries: each `XACK` carries every ack queued while
+/// the one before it was on its way, and each ack gets its batch's answer. A failed
+/// `XACK` fails its batch (those entries stay pending, to be delivered again) and the
+/// next batch goes out on a new connection. Ends once the source and all its deliveries
+/// are gone.
+async fn acker(
+    stream: String,
+    group: String,
+    client: Client,
+    mut conn: Option<MultiplexedConnection>,
+    mut queue: mpsc::UnboundedReceiver<PendingAck>,
+) {
+    let mut batch = Vec::new();
+    while queue.recv_many(&mut batch, ACK_BATCH).await > 0 {
+        let mut xack = redis::cmd("XACK");
+        xack.arg(&stream).arg(&group);
+        for a in &batch {
+            xack.arg(&a.entry_id);
+        }
+        let sent = match conn.as_mut() {
+            Some(c) => xack.query_async::<i64>(c).await,
+            None => match client
+                .get_multiplexed_async_connection_with_config(&settling())
+                .await
+            {
+                Ok(mut c) => {
+                    let sent = xack.query_async::<i64>(&mut c).await;
+                    conn = Some(c);
+                    sent
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let sent = sent.map(drop);
+        if sent.is_err() {
+            conn = None;
+        }
+        for a in batch.drain(..) {
+            let _ = a.answer.send(sent.clone());
+        }
+    }
 }
 
 /// The deliveries of one consumer of a Redis Streams consumer group.
@@ -227,16 +285,20 @@ async fn connect(
     let reading = AsyncConnectionConfig::new()
         .set_response_timeout(Some(block + Duration::from_secs(5)))
         .set_connection_timeout(Some(Duration::from_secs(5)));
-    let settling = AsyncConnectionConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_connection_timeout(Some(Duration::from_secs(5)));
     let read = client
         .get_multiplexed_async_connection_with_config(&reading)
         .await?;
     let settle = client
-        .get_multiplexed_async_connection_with_config(&settling)
+        .get_multiplexed_async_connection_with_config(&settling())
         .await?;
     Ok((read, settle))
+}
+
+/// Settlements are bounded by 5 s, to connect and to answer.
+fn settling() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_connection_timeout(Some(Duration::from_secs(5)))
 }
 
 impl RedisStreamSource {
@@ -259,6 +321,14 @@ impl RedisStreamSource {
             Err(e) if e.code() == Some("BUSYGROUP") => {}
             Err(e) => return Err(ConsumerError::broker(e)),
         }
+        let (acks, queue) = mpsc::unbounded_channel();
+        tokio::spawn(acker(
+            cfg.stream.clone(),
+            cfg.group.clone(),
+            client.clone(),
+            Some(settle.clone()),
+            queue,
+        ));
         let shared = Arc::new(Shared {
             stream: cfg.stream.clone(),
             group: cfg.group.clone(),
@@ -269,6 +339,7 @@ impl RedisStreamSource {
                 .unwrap_or_else(|| format!("{}:dlq", cfg.stream)),
             min_idle: cfg.min_idle,
             progress: cfg.progress,
+            acks,
         });
         Ok(RedisStreamSource {
             client: client.clone(),
@@ -611,17 +682,24 @@ impl Delivery for RedisStreamDelivery {
         self.shared.progress
     }
 
-    /// `XACK`. An entry that was no longer pending (a twin acked it) counts as acked.
+    /// `XACK`, with the other acks queued meanwhile; resolves with Redis's answer. An
+    /// entry that was no longer pending (a twin acked it) counts as acked.
     async fn ack(&self) -> Result<(), AckError> {
-        let s = &*self.shared;
-        let _: i64 = redis::cmd("XACK")
-            .arg(&s.stream)
-            .arg(&s.group)
-            .arg(&self.entry_id)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(failed("XACK"))?;
-        Ok(())
+        let (answer, answered) = oneshot::channel();
+        let queued = self.shared.acks.send(PendingAck {
+            entry_id: self.entry_id.clone(),
+            answer,
+        });
+        if queued.is_err() {
+            return Err(AckError::Refused("XACK (the runtime is shutting down)"));
+        }
+        match answered.await {
+            Ok(sent) => sent.map_err(failed("XACK")),
+            Err(_) => Err(AckError::Failed {
+                what: "XACK",
+                source: "the acker stopped before Redis answered".into(),
+            }),
+        }
     }
 
     /// Leaves the entry pending, reclaimable `delay` from now (at most `min_idle`). An

@@ -3,29 +3,22 @@
 #![cfg(feature = "mqtt")]
 
 mod common;
+#[path = "common/mqtt.rs"]
+mod mqtt_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::{Effects, eventually, settle, spawn, unique};
-use idem_consumer::mqtt::rumqttc::v5::mqttbytes::QoS;
-use idem_consumer::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
-use idem_consumer::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use idem_consumer::mqtt::{MqttConfig, MqttDelivery, MqttSource};
-use idem_consumer::{AckError, Consumer, Delivery, Horizon, Message, Source};
-use idem_runtime::{BoxError, Idem, MemoryStore, Options};
+use common::{Effects, HeldSource, eventually, idem, settle, spawn, unique};
+use idem_consumer::mqtt::{MqttConfig, MqttSource};
+use idem_consumer::{Consumer, Message, Source};
+use idem_runtime::{BoxError, Idem, Options};
+use mqtt_support::{end_session, options, publish};
 
 static CREDIT: Options = Options::dedup("test::credit")
     .lease(Duration::from_secs(10))
     .wait(Duration::from_secs(15));
-
-fn options(client_id: &str) -> MqttOptions {
-    let mut o = MqttOptions::new(client_id, "127.0.0.1", 1883);
-    o.set_keep_alive(Duration::from_secs(5));
-    o
-}
 
 async fn source(client_id: &str, topic: &str) -> MqttSource {
     MqttSource::new(options(client_id), MqttConfig::new(topic))
@@ -33,123 +26,11 @@ async fn source(client_id: &str, topic: &str) -> MqttSource {
         .unwrap_or_else(|e| panic!("Mosquitto must run on 127.0.0.1:1883 (mosquitto): {e}"))
 }
 
-/// Publishes QoS 1 messages (id in the `message-id` user property when given) and waits
-/// for the broker's PUBACKs.
-async fn publish(topic: &str, messages: &[(Option<&str>, &str)]) {
-    let (client, mut events) = AsyncClient::new(options(&unique("pub")), 64);
-    for (id, body) in messages {
-        let mut props = PublishProperties::default();
-        if let Some(id) = id {
-            props
-                .user_properties
-                .push(("message-id".into(), (*id).into()));
-        }
-        client
-            .publish_with_properties(topic, QoS::AtLeastOnce, false, body.to_string(), props)
-            .await
-            .expect("publish");
-    }
-    let mut acked = 0;
-    let wait = async {
-        while acked < messages.len() {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
-                Ok(_) => {}
-                Err(e) => panic!("Mosquitto must run on 127.0.0.1:1883: {e}"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), wait)
-        .await
-        .expect("the broker acks the publishes");
-    let _ = client.disconnect().await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while events.poll().await.is_ok() {}
-    })
-    .await;
-}
-
-/// Ends a test's persistent session (a clean start with no session expiry), so none is
-/// left queued at the broker.
-async fn end_session(client_id: &str) {
-    let mut o = options(client_id);
-    o.set_clean_start(true);
-    let (client, mut events) = AsyncClient::new(o, 8);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Ok(e) = events.poll().await {
-            if matches!(e, Event::Incoming(Packet::ConnAck(_))) {
-                let _ = client.disconnect().await;
-            }
-        }
-    })
-    .await;
-}
-
-fn idem() -> Idem {
-    Idem::builder()
-        .store(MemoryStore::new())
-        .namespace(unique("ns"))
-        .build()
-}
-
 fn recording(
     idem: Idem,
     effects: &Effects,
 ) -> Consumer<idem_consumer::Plain<impl idem_consumer::Handler>> {
-    let effects = effects.clone();
-    Consumer::builder(idem, CREDIT.clone())
-        .backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .handler(move |msg: Message| {
-            let effects = effects.clone();
-            async move {
-                effects.record(&msg.id);
-                Ok::<_, BoxError>(())
-            }
-        })
-}
-
-/// A delivery whose ack never goes out for the message `held`.
-struct Held(MqttDelivery, Arc<AtomicBool>);
-
-impl Delivery for Held {
-    fn message_id(&self) -> Option<&str> {
-        self.0.message_id()
-    }
-    fn payload(&self) -> Bytes {
-        self.0.payload()
-    }
-    fn attempt(&self) -> u32 {
-        self.0.attempt()
-    }
-    async fn ack(&self) -> Result<(), AckError> {
-        if self.message_id() == Some("held") {
-            self.1.store(true, Ordering::SeqCst);
-            std::future::pending::<()>().await;
-        }
-        self.0.ack().await
-    }
-    async fn nak(&self, d: Duration) -> Result<(), AckError> {
-        self.0.nak(d).await
-    }
-    async fn in_progress(&self) -> Result<(), AckError> {
-        self.0.in_progress().await
-    }
-    async fn terminate(&self) -> Result<(), AckError> {
-        self.0.terminate().await
-    }
-}
-
-struct HeldSource(MqttSource, Arc<AtomicBool>);
-
-impl Source for HeldSource {
-    type Delivery = Held;
-    async fn next(&mut self) -> Option<Result<Held, BoxError>> {
-        let d = self.0.next().await?;
-        Some(d.map(|d| Held(d, self.1.clone())))
-    }
-    fn redelivery_horizon(&self) -> Horizon {
-        self.0.redelivery_horizon()
-    }
+    common::recording(idem, &CREDIT, effects, Duration::ZERO, Arc::default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +41,15 @@ async fn a_dup_redelivery_after_a_reconnect_is_a_duplicate() {
     // The session and its subscription exist before the messages are published.
     let first = recording(idem.clone(), &effects);
     let held = Arc::new(AtomicBool::new(false));
-    let src = HeldSource(source(&client_id, &topic).await, held.clone());
+    let seen = held.clone();
+    let hold = move |id: &str| {
+        let hold = id == "held";
+        if hold {
+            seen.store(true, Ordering::SeqCst);
+        }
+        hold
+    };
+    let src = HeldSource::new(source(&client_id, &topic).await, Arc::new(hold));
     let c1 = first.clone();
     let task = tokio::spawn(async move { c1.run(src, std::future::pending()).await });
     publish(&topic, &[(Some("m-1"), "{}"), (Some("held"), "{}")]).await;
@@ -203,8 +92,7 @@ async fn messages_queued_for_an_offline_session_run_once_each() {
     let effects = Effects::default();
     let idem = idem();
     // Create the persistent session, then go offline.
-    drop(source(&client_id, &topic).await);
-    settle(300).await;
+    source(&client_id, &topic).await.close().await;
     let msgs: Vec<String> = (0..50).map(|i| format!("q-{i}")).collect();
     let mut batch: Vec<(Option<&str>, &str)> =
         msgs.iter().map(|m| (Some(m.as_str()), "{}")).collect();
@@ -255,11 +143,9 @@ async fn a_message_without_an_id_is_acked_and_counted_and_a_payload_field_can_be
         "{c:?}"
     );
     assert_eq!(effects.count("f-1"), 1);
-    // All three were acked: the session has nothing left. The stopped source sends its
-    // DISCONNECT from its own task (ended after 2 s at the latest); a reconnect before
-    // it left would take the session over while the acks sit unread in the old
-    // socket, and the broker would rightly deliver them again. Let it leave first.
-    settle(2500).await;
+    // All three were acked: the session has nothing left. The consumer's run returned
+    // once its source wrote the acks and its DISCONNECT, so this new connection takes
+    // over a session whose acks the broker has read.
     let again = recording(idem, &effects);
     let src = MqttSource::new(options(&client_id), cfg)
         .await

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Effects, eventually, settle, spawn, two_consumers_split_300_ids, unique};
+use common::{Effects, eventually, idem, settle, spawn, two_consumers_split_300_ids, unique};
 use idem_consumer::nats::NatsSource;
 use idem_consumer::nats::async_nats::{
     self,
@@ -108,13 +108,6 @@ impl Nats {
 static CREDIT: Options = Options::dedup("test::credit")
     .lease(Duration::from_secs(2))
     .wait(Duration::from_secs(10));
-
-fn idem() -> Idem {
-    Idem::builder()
-        .store(MemoryStore::new())
-        .namespace(unique("ns"))
-        .build()
-}
 
 /// A consumer whose effect is one entry in `effects`, after `pause`.
 fn recording(idem: Idem, effects: &Effects, pause: Duration) -> Consumer<Plain<impl Handler>> {

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Effects, eventually, settle, spawn, unique, with_deadline};
+use common::{Effects, HeldSource, eventually, idem, settle, spawn, unique, with_deadline};
 use idem_consumer::redis_streams::redis::{self, AsyncCommands, Value};
 use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource};
-use idem_consumer::{AckError, Consumer, ConsumerError, Delivery, Horizon, Message, Source};
-use idem_runtime::{BoxError, Idem, MemoryStore, Options};
+use idem_consumer::{Consumer, ConsumerError, Horizon, Message, Source};
+use idem_runtime::{BoxError, Idem, Options};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -122,13 +122,6 @@ impl Stream {
     }
 }
 
-fn idem() -> Idem {
-    Idem::builder()
-        .store(MemoryStore::new())
-        .namespace(unique("ns"))
-        .build()
-}
-
 /// A consumer whose effect is one entry in `effects`, after `pause`; `started` is set as
 /// the first handler starts.
 fn recording(
@@ -137,18 +130,7 @@ fn recording(
     pause: Duration,
     started: Arc<AtomicBool>,
 ) -> Consumer<idem_consumer::Plain<impl idem_consumer::Handler>> {
-    let effects = effects.clone();
-    Consumer::builder(idem, CREDIT.clone())
-        .backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .handler(move |msg: Message| {
-            let (effects, started) = (effects.clone(), started.clone());
-            async move {
-                started.store(true, Ordering::SeqCst);
-                tokio::time::sleep(pause).await;
-                effects.record(&msg.id);
-                Ok::<_, BoxError>(())
-            }
-        })
+    common::recording(idem, &CREDIT, effects, pause, started)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,53 +375,6 @@ fn redis_consumer(
         })
 }
 
-/// A delivery whose first ack prints `PAUSE` and never returns.
-struct Held<D>(D, Arc<AtomicBool>);
-
-impl<D: Delivery> Delivery for Held<D> {
-    fn message_id(&self) -> Option<&str> {
-        self.0.message_id()
-    }
-    fn payload(&self) -> Bytes {
-        self.0.payload()
-    }
-    fn attempt(&self) -> u32 {
-        self.0.attempt()
-    }
-    fn progress_interval(&self) -> Option<Duration> {
-        self.0.progress_interval()
-    }
-    async fn ack(&self) -> Result<(), AckError> {
-        if !self.1.swap(true, Ordering::SeqCst) {
-            println!("PAUSE {}", self.0.message_id().unwrap_or(""));
-            tokio::time::sleep(Duration::from_secs(600)).await;
-        }
-        self.0.ack().await
-    }
-    async fn nak(&self, d: Duration) -> Result<(), AckError> {
-        self.0.nak(d).await
-    }
-    async fn in_progress(&self) -> Result<(), AckError> {
-        self.0.in_progress().await
-    }
-    async fn terminate(&self) -> Result<(), AckError> {
-        self.0.terminate().await
-    }
-}
-
-struct HeldSource(RedisStreamSource, Arc<AtomicBool>);
-
-impl Source for HeldSource {
-    type Delivery = Held<idem_consumer::redis_streams::RedisStreamDelivery>;
-    async fn next(&mut self) -> Option<Result<Self::Delivery, BoxError>> {
-        let d = self.0.next().await?;
-        Some(d.map(|d| Held(d, self.1.clone())))
-    }
-    fn redelivery_horizon(&self) -> Horizon {
-        self.0.redelivery_horizon()
-    }
-}
-
 /// The child's side: runs only when the parent test started this binary for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_consumer_process() {
@@ -458,7 +393,16 @@ async fn child_consumer_process() {
     let store = idem_runtime::store::connect(REDIS).await.expect("store");
     let consumer = redis_consumer(store, ns, stream, at == "claim");
     let source = s.source(s.config("child")).await;
-    let held = HeldSource(source, Arc::new(AtomicBool::new(at != "ack")));
+    // At `ack`: the first ack prints `PAUSE` and never returns.
+    let acked = AtomicBool::new(at != "ack");
+    let hold = move |id: &str| {
+        let first = !acked.swap(true, Ordering::SeqCst);
+        if first {
+            println!("PAUSE {id}");
+        }
+        first
+    };
+    let held = HeldSource::new(source, Arc::new(hold));
     let _ = consumer.run(held, std::future::pending()).await;
 }
 

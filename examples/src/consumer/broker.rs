@@ -292,6 +292,9 @@ impl<S: Source> Source for HeldSource<S> {
     fn redelivery_horizon(&self) -> Horizon {
         self.inner.redelivery_horizon()
     }
+    async fn close(self) {
+        self.inner.close().await;
+    }
 }
 
 pub(crate) async fn main(args: Args) -> ExitCode {

@@ -1,14 +1,21 @@
-//! Helpers shared by the broker tests: unique names, an effect log, a consumer run in the
-//! background until a condition holds.
+//! Helpers shared by the broker tests (and the consumer example's): unique names, an
+//! effect log, a recording consumer, a source whose acks can be held back, a consumer run
+//! in the background until a condition holds. MQTT's are in `mqtt.rs` beside it,
+//! included by path as `mqtt_support` where needed.
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_consumer::{ConsumerError, Counters, Effect, Source};
+use bytes::Bytes;
+use idem_consumer::{
+    AckError, Consumer, ConsumerError, Counters, Delivery, Effect, Handler, Horizon, Message,
+    Plain, Source,
+};
+use idem_runtime::{BoxError, Idem, MemoryStore, Options};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -23,6 +30,106 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// An idem runtime on a fresh memory store, in a namespace of its own.
+pub fn idem() -> Idem {
+    Idem::builder()
+        .store(MemoryStore::new())
+        .namespace(unique("ns"))
+        .build()
+}
+
+/// A consumer of `opts` whose effect is one entry in `effects`, after `pause`; `started`
+/// is set as a handler starts.
+pub fn recording(
+    idem: Idem,
+    opts: &Options,
+    effects: &Effects,
+    pause: Duration,
+    started: Arc<AtomicBool>,
+) -> Consumer<Plain<impl Handler>> {
+    let effects = effects.clone();
+    Consumer::builder(idem, opts.clone())
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .handler(move |msg: Message| {
+            let (effects, started) = (effects.clone(), started.clone());
+            async move {
+                started.store(true, Ordering::SeqCst);
+                tokio::time::sleep(pause).await;
+                effects.record(&msg.id);
+                Ok::<_, BoxError>(())
+            }
+        })
+}
+
+/// Which acks a [`HeldSource`] holds back: asked with the message id at each ack.
+pub type Hold = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// A source whose deliveries' acks are held back for ever when [`Hold`] says so (the
+/// "after the effect, before the ack" fault: a consumer killed or gone at that point).
+pub struct HeldSource<S> {
+    inner: S,
+    hold: Hold,
+}
+
+impl<S> HeldSource<S> {
+    pub fn new(inner: S, hold: Hold) -> Self {
+        HeldSource { inner, hold }
+    }
+}
+
+/// A delivery of a [`HeldSource`].
+pub struct Held<D> {
+    inner: D,
+    hold: Hold,
+}
+
+impl<D: Delivery> Delivery for Held<D> {
+    fn message_id(&self) -> Option<&str> {
+        self.inner.message_id()
+    }
+    fn payload(&self) -> Bytes {
+        self.inner.payload()
+    }
+    fn attempt(&self) -> u32 {
+        self.inner.attempt()
+    }
+    fn progress_interval(&self) -> Option<Duration> {
+        self.inner.progress_interval()
+    }
+    async fn ack(&self) -> Result<(), AckError> {
+        if (self.hold)(self.message_id().unwrap_or("")) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.ack().await
+    }
+    async fn nak(&self, d: Duration) -> Result<(), AckError> {
+        self.inner.nak(d).await
+    }
+    async fn in_progress(&self) -> Result<(), AckError> {
+        self.inner.in_progress().await
+    }
+    async fn terminate(&self) -> Result<(), AckError> {
+        self.inner.terminate().await
+    }
+}
+
+impl<S: Source> Source for HeldSource<S> {
+    type Delivery = Held<S::Delivery>;
+    async fn next(&mut self) -> Option<Result<Self::Delivery, BoxError>> {
+        let d = self.inner.next().await?;
+        Some(d.map(|inner| Held {
+            inner,
+            hold: self.hold.clone(),
+        }))
+    }
+    fn redelivery_horizon(&self) -> Horizon {
+        self.inner.redelivery_horizon()
+    }
+    async fn close(self) {
+        self.inner.close().await;
+    }
 }
 
 /// How many times each message id's effect ran.
