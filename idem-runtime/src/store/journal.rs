@@ -107,6 +107,7 @@ pub trait JournalStore: Send + Sync {
 }
 
 /// Milliseconds since the Unix epoch as a [`SystemTime`].
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // the in-process store keeps `SystemTime`s
 pub(crate) fn from_unix_ms(ms: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
