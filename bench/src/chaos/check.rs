@@ -60,6 +60,11 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
         for (i, r) in runs.iter().enumerate() {
             // Rule 1: the earliest completion reported before this run started.
             if let Some(&done) = seen.iter().find(|&&s| s < r.at) {
+                // A paused worker's body that woke after its key was taken over.
+                if super::pause::late(&c.events, r) {
+                    repeated = true;
+                    continue;
+                }
                 match failover_between(&c.events, done, r.at) {
                     Some(kill) if lossy_failover => {
                         v.lost_in_failover.push((kill - done).max(0));
@@ -77,7 +82,7 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
             }
             // Rule 2.
             let prev = &runs[i - 1];
-            if explained(&c.events, prev, r) {
+            if explained(&c.events, prev, r) || super::pause::explains(&c.events, prev, r) {
                 repeated = true;
             } else {
                 v.violations.push(format!(
@@ -112,6 +117,8 @@ fn explained(events: &[Event], prev: &Run, next: &Run) -> bool {
     events.iter().any(|e| {
         if e.kind == "kill" {
             e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at
+        } else if e.kind == "pause" || e.kind == "resume" {
+            false // a worker's pause, not a store fault: see `pause::explains`
         } else {
             prev.at - 1_000_000 <= e.at && e.at <= next.at
         }

@@ -121,8 +121,8 @@ struct Worker {
 
 #[derive(Default)]
 struct Reports {
-    /// The last `stat` line's numbers, per incarnation.
-    stats: HashMap<i32, [u64; 6]>,
+    /// The last `stat` line's numbers, per incarnation (the seventh: leases lost).
+    stats: HashMap<i32, [u64; 7]>,
     unexpected: Vec<String>,
 }
 
@@ -154,6 +154,10 @@ impl Fleet {
             .env("IDEM_CHAOS_TASKS", self.o.tasks.to_string())
             .env("IDEM_CHAOS_UNTIL", self.until_ms.to_string())
             .env("IDEM_CHAOS_REPLICAS", self.replicas.to_string())
+            .env(
+                "IDEM_CHAOS_SHORT_LEASE",
+                if self.o.fault("netem") { "1" } else { "0" },
+            )
             .env("RUST_LOG", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -168,7 +172,7 @@ impl Fleet {
             while let Ok(Some(line)) = lines.next_line().await {
                 let mut r = reports.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rest) = line.strip_prefix("stat ") {
-                    let mut n = [0u64; 6];
+                    let mut n = [0u64; 7];
                     for (slot, v) in n.iter_mut().zip(rest.split(' ')) {
                         *slot = v.parse().unwrap_or(0);
                     }
@@ -235,11 +239,18 @@ async fn chaos(
     ledger: &Ledger,
 ) -> Result<usize, String> {
     let keys = o.keys.unwrap_or(o.seconds * 100).max(100);
+    // `--faults netem`: the workers reach the store through a slow, lossy proxy (the
+    // final sweep goes direct).
+    let netem = if o.fault("netem") {
+        Some(super::proxy::netem(&backend.url(), o.seed).await?)
+    } else {
+        None
+    };
     let started = Instant::now();
     let mut fleet = Fleet {
         o: o.clone(),
         run: run.to_owned(),
-        url: backend.url(),
+        url: netem.as_ref().map_or_else(|| backend.url(), |(_, url)| url.clone()),
         replicas,
         keys,
         until_ms: worker::now_ms() + o.seconds * 1000,
@@ -265,6 +276,9 @@ async fn chaos(
     let mut fault_kind = "";
     let mut next_kill = Instant::now() + Duration::from_millis(1000 + rng.below(1500));
     let mut next_fault = Instant::now() + Duration::from_millis(4000 + rng.below(3000));
+    // `--faults pause`: a worker stopped past its lease every few seconds.
+    let mut pauses = Vec::new();
+    let mut next_pause = Instant::now() + Duration::from_millis(2000 + rng.below(2000));
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
         fleet.reap().await?;
@@ -283,6 +297,25 @@ async fn chaos(
             }
             next_fault = Instant::now() + Duration::from_millis(6000 + rng.below(6000));
         }
+        if o.fault("pause")
+            && now >= next_pause
+            && !fleet.workers.is_empty()
+            && now + super::pause::HOLD + Duration::from_secs(2) < end
+        {
+            let i = usize::try_from(rng.below(fleet.workers.len() as u64)).unwrap_or(0);
+            let w = &fleet.workers[i];
+            if let Some(pid) = w.child.id() {
+                let (inc, ledger) = (w.inc, ledger.clone());
+                pauses.push(tokio::spawn(async move {
+                    super::pause::pause(pid, inc, super::pause::HOLD, &ledger).await
+                }));
+            }
+            next_pause = Instant::now() + Duration::from_millis(3000 + rng.below(3000));
+        }
+    }
+    // No worker stays stopped.
+    for p in pauses {
+        p.await.map_err(|e| e.to_string())??;
     }
     // Workers stop at the deadline by themselves; a straggler is killed (and recorded).
     let grace = Instant::now() + GRACE;
@@ -303,12 +336,12 @@ async fn chaos(
     // Every claim a killed worker left ends with its lease; then each key is called
     // once more and must answer.
     tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
-    let (stuck, unanswered) = sweep(&fleet.url, replicas, run, ledger, keys).await?;
+    let (stuck, unanswered) = sweep(&backend.url(), replicas, run, ledger, keys).await?;
     let contents = ledger.contents().await?;
     let verdict = check(&contents, replicas == 0 && o.store == "redis-sentinel");
 
     let reports = fleet.reports.lock().unwrap_or_else(|p| p.into_inner());
-    let mut total = [0u64; 6];
+    let mut total = [0u64; 7];
     for s in reports.stats.values() {
         for (t, v) in total.iter_mut().zip(s) {
             *t += v;
@@ -354,6 +387,25 @@ async fn chaos(
             max / 1000
         );
     }
+    if o.fault("pause") {
+        let p = super::pause::summary(&contents);
+        println!(
+            "pauses: {} workers stopped {} ms (past their {} ms lease); {} keys taken over; \
+             {} late effects of woken workers (plain dedup: the body goes on when it wakes)",
+            p.pauses,
+            super::pause::HOLD.as_millis(),
+            LEASE.as_millis(),
+            p.taken_over,
+            p.late_effects
+        );
+    }
+    if let Some((proxy, _)) = &netem {
+        println!(
+            "netem: 50-200 ms each way, 5% loss, 1 s leases; {}",
+            proxy.stats.line()
+        );
+    }
+    println!("leases lost: {} (completions refused, idem_lease_lost_total)", total[6]);
     println!("stuck keys: {stuck}");
     for v in violations.iter().take(20) {
         println!("violation: {v}");

@@ -22,6 +22,8 @@
 mod check;
 mod controller;
 mod ledger;
+mod pause;
+mod proxy;
 mod rng;
 mod servers;
 mod worker;
@@ -44,10 +46,20 @@ pub(crate) struct Opts {
     pub(crate) no_wait: bool,
     pub(crate) seed: u64,
     pub(crate) keep: bool,
+    /// `--faults`: `pause` stops workers past their lease, `netem` puts a slow, lossy
+    /// proxy between workers and store, `all` both (besides the kills and store faults).
+    pub(crate) faults: String,
+}
+
+impl Opts {
+    pub(crate) fn fault(&self, name: &str) -> bool {
+        self.faults.split(',').any(|f| f == name || f == "all")
+    }
 }
 
 const USAGE: &str = "usage: idem-chaos --store URL|redis-aof|redis-sentinel [--seconds N] [--long] \
-                     [--workers N] [--tasks N] [--keys N] [--ledger URL] [--no-wait] [--seed N] [--keep]";
+                     [--workers N] [--tasks N] [--keys N] [--ledger URL] [--no-wait] [--seed N] [--keep] \
+                     [--faults pause|netem|all]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
@@ -60,6 +72,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         no_wait: false,
         seed: worker::now_ms(),
         keep: false,
+        faults: String::new(),
     };
     let mut long = false;
     let mut it = args.iter();
@@ -83,6 +96,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--no-wait" => o.no_wait = true,
             "--long" => long = true,
             "--keep" => o.keep = true,
+            "--faults" => o.faults = value()?,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }

@@ -28,6 +28,15 @@ pub(crate) static PAY: Options = Options::dedup("chaos::pay")
 /// The lease of a claim; a killed worker's in-flight keys may run again after it.
 pub(crate) const LEASE: Duration = Duration::from_secs(2);
 
+/// `--faults netem`: the short lease (1 s), over the slow link, so renewals
+/// have to keep up with 50 to 200 ms each way.
+pub(crate) static PAY_SHORT: Options = Options::dedup("chaos::pay")
+    .lease(Duration::from_secs(1))
+    .wait(Duration::from_millis(200));
+
+/// Whether this worker runs with [`PAY_SHORT`] (`IDEM_CHAOS_SHORT_LEASE=1`).
+static SHORT_LEASE: AtomicBool = AtomicBool::new(false);
+
 /// What one worker needs, from its environment.
 pub(crate) struct Settings {
     pub(crate) store: String,
@@ -201,7 +210,12 @@ pub(crate) async fn pay(
             Ok::<u64, Error>(key * 100)
         }
     };
-    let result = idem.dedup(&PAY, format!("pay-{key}"), body).await;
+    let opts = if SHORT_LEASE.load(Ordering::Relaxed) {
+        &PAY_SHORT
+    } else {
+        &PAY
+    };
+    let result = idem.dedup(opts, format!("pay-{key}"), body).await;
     let rendered = idem.key(&PAY, format_args!("pay-{key}"));
     let acknowledged = watched.take(&rendered);
     let ran = ran.load(Ordering::SeqCst);
@@ -235,6 +249,10 @@ pub(crate) async fn open(
 
 /// The worker's main: runs `tasks` payment loops until the deadline, printing counts.
 pub(crate) async fn run(s: Settings) -> Result<(), String> {
+    SHORT_LEASE.store(
+        std::env::var("IDEM_CHAOS_SHORT_LEASE").is_ok_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     let ledger = Ledger::open(&s.ledger, &s.run).await?;
     let (idem, watched) = open(&s.store, s.replicas, &s.run).await?;
     let counts = Arc::new(Counts::default());
@@ -282,11 +300,12 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
             }
         }));
     }
+    // The seventh number: completions refused because the lease was lost.
     let printer = {
-        let counts = counts.clone();
+        let (counts, idem) = (counts.clone(), idem.clone());
         tokio::spawn(async move {
             loop {
-                println!("{}", counts.line());
+                println!("{} {}", counts.line(), idem.stats().lease_lost);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
@@ -295,7 +314,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
         t.await.map_err(|e| format!("worker task: {e}"))?;
     }
     printer.abort();
-    println!("{}", counts.line());
+    println!("{} {}", counts.line(), idem.stats().lease_lost);
     println!("done");
     Ok(())
 }
