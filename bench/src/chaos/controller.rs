@@ -391,12 +391,14 @@ async fn chaos(
         let p = super::pause::summary(&contents);
         println!(
             "pauses: {} workers stopped {} ms (past their {} ms lease); {} keys taken over; \
-             {} late effects of woken workers (plain dedup: the body goes on when it wakes)",
+             {} effects of paused workers landed after the stop, {} of them made after waking \
+             (plain dedup: a body goes on when it wakes)",
             p.pauses,
             super::pause::HOLD.as_millis(),
             LEASE.as_millis(),
             p.taken_over,
-            p.late_effects
+            p.late_effects,
+            p.after_waking
         );
     }
     if let Some((proxy, _)) = &netem {

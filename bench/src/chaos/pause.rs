@@ -94,11 +94,15 @@ pub(crate) fn explains(events: &[Event], prev: &Run, next: &Run) -> bool {
 pub(crate) struct Summary {
     /// Workers stopped past their lease.
     pub(crate) pauses: usize,
-    /// Keys a paused worker was running that another worker ran too.
+    /// Keys a paused worker was running (a run within a lease before its stop, or
+    /// landing during it) that another worker ran again after the stop.
     pub(crate) taken_over: usize,
-    /// Effects a paused worker made during its stop or after waking, for a key another
-    /// worker also ran: the doubles plain dedup lets through.
+    /// Effects of a paused worker that landed after its stop began (sent just before
+    /// it, or made by a body that went on when it woke), for a key another worker ran
+    /// after the stop: the doubles plain dedup lets through.
     pub(crate) late_effects: usize,
+    /// Of those, the ones made after the worker woke.
+    pub(crate) after_waking: usize,
 }
 
 /// Counts what the pauses in `c` did.
@@ -116,17 +120,21 @@ pub(crate) fn summary(c: &Contents) -> Summary {
     for runs in keys.values() {
         let mut taken = false;
         for r in runs {
-            let others = runs.iter().any(|o| o.incarnation != r.incarnation);
-            if !others {
-                continue;
-            }
-            if late(&c.events, r) {
-                s.late_effects += 1;
-            }
-            if all.iter().any(|&(inc, stop, resume)| {
-                inc == r.incarnation && r.at - lease <= stop && r.at <= resume + AFTER
-            }) {
+            for &(inc, stop, resume) in &all {
+                if inc != r.incarnation || r.at < stop - lease || r.at > resume + AFTER {
+                    continue;
+                }
+                let again = runs.iter().any(|o| o.incarnation != inc && o.at >= stop);
+                if !again {
+                    continue;
+                }
                 taken = true;
+                if r.at >= stop {
+                    s.late_effects += 1;
+                    if r.at >= resume {
+                        s.after_waking += 1;
+                    }
+                }
             }
         }
         if taken {
@@ -180,7 +188,10 @@ mod tests {
         assert!(explains(&c.events, &c.runs[0], &c.runs[1]));
         assert!(late(&c.events, &c.runs[2]));
         let s = summary(&c);
-        assert_eq!((s.pauses, s.taken_over, s.late_effects), (1, 1, 1));
+        assert_eq!(
+            (s.pauses, s.taken_over, s.late_effects, s.after_waking),
+            (1, 1, 1, 1)
+        );
         // Without the pause nothing explains the second run.
         assert!(!explains(&[], &c.runs[0], &c.runs[1]));
     }
