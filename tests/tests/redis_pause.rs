@@ -67,7 +67,13 @@ async fn wait_for_go(raw: &mut MultiplexedConnection, ns: &str) -> Result<(), Er
 }
 
 /// Writes `who` to the key's effects if `fence` is the greatest seen; whether accepted.
-async fn fenced_write(raw: &mut MultiplexedConnection, ns: &str, k: u64, fence: u64, who: &str) -> bool {
+async fn fenced_write(
+    raw: &mut MultiplexedConnection,
+    ns: &str,
+    k: u64,
+    fence: u64,
+    who: &str,
+) -> bool {
     let accepted: i64 = redis::Script::new(FENCED_WRITE)
         .key(format!("{ns}:fence:{k}"))
         .key(effects_key(ns, k))
@@ -264,12 +270,24 @@ async fn paused_dedup_body_still_makes_its_effect_and_its_completion_is_refused(
     paused.signal("-CONT");
     let done = paused.done();
 
-    assert_eq!(done("lost"), KEYS, "every woken completion is refused and counted");
-    assert_eq!(done("returned"), KEYS, "the woken caller still gets its body's result");
+    assert_eq!(
+        done("lost"),
+        KEYS,
+        "every woken completion is refused and counted"
+    );
+    assert_eq!(
+        done("returned"),
+        KEYS,
+        "the woken caller still gets its body's result"
+    );
     let mut late = 0;
     for k in 0..KEYS {
         let fx = effects(&mut raw, &ns, k).await;
-        assert_eq!(fx.iter().filter(|w| *w == "taker").count(), 1, "key {k}: {fx:?}");
+        assert_eq!(
+            fx.iter().filter(|w| *w == "taker").count(),
+            1,
+            "key {k}: {fx:?}"
+        );
         late += fx.iter().filter(|w| *w == "paused").count() as u64;
         // The record is the taker's: a later call replays 2, never the woken body's 1.
         let again: u64 = taker
@@ -318,13 +336,21 @@ async fn paused_lock_holder_is_fenced_off_downstream() {
     });
     for (k, t) in takeovers.enumerate() {
         let (fence, accepted) = t.await.unwrap();
-        assert!(fence > first[k], "key {k}: fence {fence} after {}", first[k]);
+        assert!(
+            fence > first[k],
+            "key {k}: fence {fence} after {}",
+            first[k]
+        );
         assert!(accepted, "key {k}: the taker's write was refused");
     }
     paused.signal("-CONT");
     let done = paused.done();
 
-    assert_eq!(done("lost"), KEYS, "every woken unlock is refused and counted");
+    assert_eq!(
+        done("lost"),
+        KEYS,
+        "every woken unlock is refused and counted"
+    );
     assert_eq!(
         (done("accepted"), done("rejected")),
         (0, KEYS),
@@ -333,6 +359,8 @@ async fn paused_lock_holder_is_fenced_off_downstream() {
     for k in 0..KEYS {
         assert_eq!(effects(&mut raw, &ns, k).await, ["taker"], "key {k}");
     }
-    println!("paused lock: {KEYS} keys taken over, 0 late effects accepted, {KEYS} refused by the fence");
+    println!(
+        "paused lock: {KEYS} keys taken over, 0 late effects accepted, {KEYS} refused by the fence"
+    );
     clean(&mut raw, &ns).await;
 }

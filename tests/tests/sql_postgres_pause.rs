@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe, Postgres};
 use idem_runtime::store::sql::Begun;
+use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe, Postgres};
 use idem_runtime::{Error, Idem, Options, SqlStore};
 
 const KEYS: i64 = 8;
@@ -41,7 +41,12 @@ static IMPATIENT: Options = Options::dedup("sql_pause::tx")
     .wait(Duration::from_secs(2));
 
 async fn store() -> SqlStore {
-    match tokio::time::timeout(Duration::from_secs(10), SqlStore::connect(&support::pg_url())).await {
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        SqlStore::connect(&support::pg_url()),
+    )
+    .await
+    {
         Ok(Ok(s)) => s,
         other => panic!(
             "PostgreSQL is not reachable at {} ({other:?}).\nStart it with: \
@@ -59,8 +64,7 @@ fn idem(store: &SqlStore, ns: &str) -> Idem {
 /// One transactional call of key `k`: the business row and the record in one
 /// transaction; `before_commit` runs between the write and the commit.
 async fn pay(
-    store: &SqlStore,
-    idem: &Idem,
+    (store, idem): (&SqlStore, &Idem),
     opts: &Options,
     table: &str,
     k: i64,
@@ -111,7 +115,11 @@ fn child() {
         return;
     };
     let var = |n: &str| std::env::var(n).unwrap();
-    let (ns, table, go) = (var("IDEM_SQL_PAUSE_NS"), var("IDEM_SQL_PAUSE_TABLE"), var("IDEM_SQL_PAUSE_GO"));
+    let (ns, table, go) = (
+        var("IDEM_SQL_PAUSE_NS"),
+        var("IDEM_SQL_PAUSE_TABLE"),
+        var("IDEM_SQL_PAUSE_GO"),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -123,13 +131,27 @@ fn child() {
         let (committed, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let mut tasks = Vec::new();
         for k in 0..KEYS {
-            let (store, idem, table, go) = (store.clone(), idem.clone(), table.clone(), PathBuf::from(&go));
-            let (committed, failed, timeout) = (committed.clone(), failed.clone(), role == "session-timeout");
+            let (store, idem, table, go) = (
+                store.clone(),
+                idem.clone(),
+                table.clone(),
+                PathBuf::from(&go),
+            );
+            let (committed, failed, timeout) =
+                (committed.clone(), failed.clone(), role == "session-timeout");
             tasks.push(tokio::spawn(async move {
-                let r = pay(&store, &idem, &TX, &table, k, "paused", timeout, async || {
-                    println!("IN {k}");
-                    wait_for_file(&go).await;
-                })
+                let r = pay(
+                    (&store, &idem),
+                    &TX,
+                    &table,
+                    k,
+                    "paused",
+                    timeout,
+                    async || {
+                        println!("IN {k}");
+                        wait_for_file(&go).await;
+                    },
+                )
                 .await;
                 match r {
                     Ok(1) => committed.fetch_add(1, Ordering::SeqCst),
@@ -183,7 +205,13 @@ impl Run {
             .spawn()
             .unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
-        let mut run = Run { child, out, go, table, ns };
+        let mut run = Run {
+            child,
+            out,
+            go,
+            table,
+            ns,
+        };
         for _ in 0..KEYS {
             run.line("IN");
         }
@@ -204,7 +232,13 @@ impl Run {
 
     fn signal(&self, sig: &str) {
         let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
     }
 
     /// Stops the child, then lets its bodies go on once it is resumed.
@@ -245,9 +279,12 @@ impl Run {
     }
 
     async fn drop_table(&self, store: &SqlStore) {
-        let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {}", self.table)))
-            .execute(store.pg_pool().unwrap())
-            .await;
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {}",
+            self.table
+        )))
+        .execute(store.pg_pool().unwrap())
+        .await;
     }
 }
 
@@ -269,12 +306,34 @@ async fn a_paused_transaction_is_never_taken_over() {
     run.pause();
     let taker = idem(&store, &run.ns);
     for k in 0..KEYS {
-        let r = pay(&store, &taker, &IMPATIENT, &run.table, k, "taker", false, async || {}).await;
+        let r = pay(
+            (&store, &taker),
+            &IMPATIENT,
+            &run.table,
+            k,
+            "taker",
+            false,
+            async || {},
+        )
+        .await;
         assert!(matches!(r, Err(Error::InProgress { .. })), "key {k}: {r:?}");
     }
-    assert_eq!(run.resume(), (KEYS as u64, 0), "the woken process commits each key");
+    assert_eq!(
+        run.resume(),
+        (KEYS as u64, 0),
+        "the woken process commits each key"
+    );
     for k in 0..KEYS {
-        let r = pay(&store, &taker, &TX, &run.table, k, "taker", false, async || {}).await;
+        let r = pay(
+            (&store, &taker),
+            &TX,
+            &run.table,
+            k,
+            "taker",
+            false,
+            async || {},
+        )
+        .await;
         assert_eq!(r.unwrap(), 1, "key {k} replays the paused process's value");
     }
     let rows = run.rows(&store).await;
@@ -294,7 +353,16 @@ async fn a_paused_transaction_ended_by_the_database_cannot_commit_when_woken() {
     run.pause();
     let taker = idem(&store, &run.ns);
     for k in 0..KEYS {
-        let r = pay(&store, &taker, &TX, &run.table, k, "taker", false, async || {}).await;
+        let r = pay(
+            (&store, &taker),
+            &TX,
+            &run.table,
+            k,
+            "taker",
+            false,
+            async || {},
+        )
+        .await;
         assert_eq!(r.unwrap(), 2, "key {k}: the taker ran it");
     }
     assert_eq!(run.resume(), (0, KEYS as u64), "every woken commit fails");
@@ -303,7 +371,16 @@ async fn a_paused_transaction_ended_by_the_database_cannot_commit_when_woken() {
         assert_eq!(who, &["taker"], "key {k}");
     }
     for k in 0..KEYS {
-        let r = pay(&store, &taker, &TX, &run.table, k, "again", false, async || {}).await;
+        let r = pay(
+            (&store, &taker),
+            &TX,
+            &run.table,
+            k,
+            "again",
+            false,
+            async || {},
+        )
+        .await;
         assert_eq!(r.unwrap(), 2, "key {k} replays the taker's value");
     }
     run.drop_table(&store).await;

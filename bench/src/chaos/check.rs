@@ -82,7 +82,10 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
             }
             // Rule 2.
             let prev = &runs[i - 1];
-            if explained(&c.events, prev, r) || super::pause::explains(&c.events, prev, r) {
+            if explained(&c.events, prev, r)
+                || super::pause::explains(&c.events, prev, r)
+                || super::pause::lost_lease_explains(&c.events, prev, r)
+            {
                 repeated = true;
             } else {
                 v.violations.push(format!(
@@ -117,8 +120,8 @@ fn explained(events: &[Event], prev: &Run, next: &Run) -> bool {
     events.iter().any(|e| {
         if e.kind == "kill" {
             e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at
-        } else if e.kind == "pause" || e.kind == "resume" {
-            false // a worker's pause, not a store fault: see `pause::explains`
+        } else if super::pause::is_worker_event(&e.kind) {
+            false // a worker's pause or lost lease, not a store fault: see `pause`
         } else {
             prev.at - 1_000_000 <= e.at && e.at <= next.at
         }

@@ -250,7 +250,9 @@ async fn chaos(
     let mut fleet = Fleet {
         o: o.clone(),
         run: run.to_owned(),
-        url: netem.as_ref().map_or_else(|| backend.url(), |(_, url)| url.clone()),
+        url: netem
+            .as_ref()
+            .map_or_else(|| backend.url(), |(_, url)| url.clone()),
         replicas,
         keys,
         until_ms: worker::now_ms() + o.seconds * 1000,
@@ -407,7 +409,11 @@ async fn chaos(
             proxy.stats.line()
         );
     }
-    println!("leases lost: {} (completions refused, idem_lease_lost_total)", total[6]);
+    println!(
+        "leases lost: {} (completions refused, idem_lease_lost_total); {} keys ran again after a lost lease, each counted",
+        total[6],
+        super::pause::lost_lease_doubles(&contents)
+    );
     println!("stuck keys: {stuck}");
     for v in violations.iter().take(20) {
         println!("violation: {v}");

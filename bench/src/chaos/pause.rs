@@ -85,8 +85,49 @@ pub(crate) fn explains(events: &[Event], prev: &Run, next: &Run) -> bool {
     let lease = LEASE.as_micros() as i64;
     late(events, next)
         || pauses(events).iter().any(|&(inc, stop, resume)| {
-            inc == prev.incarnation && prev.at - lease <= stop && prev.at <= resume && stop <= next.at
+            inc == prev.incarnation
+                && prev.at - lease <= stop
+                && prev.at <= resume
+                && stop <= next.at
         })
+}
+
+/// The ledger event a worker writes when the store refused its completion of `key`
+/// (its lease was lost, under a pause or a slow link).
+pub(crate) fn lost_event(key: u64) -> String {
+    format!("lost {key}")
+}
+
+/// Whether `kind` is an event about one worker (a pause, a resume, a lost lease) rather
+/// than a fault of the store.
+pub(crate) fn is_worker_event(kind: &str) -> bool {
+    kind == "pause" || kind == "resume" || kind.starts_with("lost ")
+}
+
+/// Whether `next` running after `prev` is a visible double: `prev`'s worker reported,
+/// after `prev` started, that the store refused its completion of that key (lease lost,
+/// counted in `idem_lease_lost_total`).
+pub(crate) fn lost_lease_explains(events: &[Event], prev: &Run, next: &Run) -> bool {
+    let kind = lost_event(u64::try_from(prev.key).unwrap_or(u64::MAX));
+    debug_assert_eq!(prev.key, next.key);
+    events
+        .iter()
+        .any(|e| e.kind == kind && e.incarnation == prev.incarnation && e.at >= prev.at)
+}
+
+/// Keys that ran more than once where every extra run follows a lost lease of the run
+/// before it (visible doubles).
+pub(crate) fn lost_lease_doubles(c: &Contents) -> usize {
+    let mut keys = std::collections::BTreeMap::<i64, Vec<&Run>>::new();
+    for r in &c.runs {
+        keys.entry(r.key).or_default().push(r);
+    }
+    keys.values()
+        .filter(|runs| {
+            runs.windows(2)
+                .any(|w| lost_lease_explains(&c.events, w[0], w[1]))
+        })
+        .count()
 }
 
 /// What the pauses of a run did.
@@ -181,7 +222,11 @@ mod tests {
         let c = Contents {
             // Worker 1 started key 7, was stopped; worker 2 took it over; 1 woke and
             // wrote its effect again (a body that writes after waking).
-            runs: vec![run(7, 1, 10 * S - 5_000), run(7, 2, 12 * S), run(7, 1, 13 * S + 1)],
+            runs: vec![
+                run(7, 1, 10 * S - 5_000),
+                run(7, 2, 12 * S),
+                run(7, 1, 13 * S + 1),
+            ],
             seen: vec![(7, 12 * S + 100)],
             events: vec![ev("pause", 1, 10 * S), ev("resume", 1, 13 * S)],
         };
@@ -194,5 +239,26 @@ mod tests {
         );
         // Without the pause nothing explains the second run.
         assert!(!explains(&[], &c.runs[0], &c.runs[1]));
+    }
+
+    #[test]
+    fn a_lost_lease_explains_the_next_run_of_that_key_only() {
+        let runs = [
+            run(7, 1, 10 * S),
+            run(7, 2, 12 * S),
+            run(8, 1, 10 * S),
+            run(8, 2, 12 * S),
+        ];
+        let events = [ev(&lost_event(7), 1, 12 * S + 10)];
+        assert!(lost_lease_explains(&events, &runs[0], &runs[1]));
+        assert!(
+            !lost_lease_explains(&events, &runs[2], &runs[3]),
+            "another key"
+        );
+        let before = [ev(&lost_event(7), 1, 9 * S)];
+        assert!(
+            !lost_lease_explains(&before, &runs[0], &runs[1]),
+            "an older loss"
+        );
     }
 }

@@ -207,7 +207,11 @@ pub(crate) fn through(url: &str) -> Option<(SocketAddr, String)> {
     };
     let ip: std::net::IpAddr = match host {
         "localhost" => [127, 0, 0, 1].into(),
-        h => h.trim_start_matches('[').trim_end_matches(']').parse().ok()?,
+        h => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .ok()?,
     };
     let user = user.map(|u| format!("{u}@")).unwrap_or_default();
     Some((
@@ -241,7 +245,10 @@ mod tests {
         assert_eq!((t.port(), u.as_str()), (6379, "redis://127.0.0.1:{port}"));
         let (t, u) = through("postgres://postgres@localhost/test?sslmode=disable").unwrap();
         assert_eq!(t.port(), 5432);
-        assert_eq!(u, "postgres://postgres@127.0.0.1:{port}/test?sslmode=disable");
+        assert_eq!(
+            u,
+            "postgres://postgres@127.0.0.1:{port}/test?sslmode=disable"
+        );
         assert!(through("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc").is_none());
     }
 
@@ -323,7 +330,13 @@ mod tests {
             silent.len(),
             proxy.stats.line()
         );
-        assert!(silent.is_empty(), "keys run twice with no lost lease: {silent:?}");
-        assert!(proxy.stats.lost.load(Ordering::Relaxed) > 0, "the link lost nothing");
+        assert!(
+            silent.is_empty(),
+            "keys run twice with no lost lease: {silent:?}"
+        );
+        assert!(
+            proxy.stats.lost.load(Ordering::Relaxed) > 0,
+            "the link lost nothing"
+        );
     }
 }

@@ -106,11 +106,20 @@ impl Counts {
 pub(crate) struct Watched {
     inner: Arc<dyn Store>,
     acknowledged: Mutex<HashSet<Key>>,
+    /// Keys whose completion the store refused: their lease was lost.
+    refused: Mutex<HashSet<Key>>,
 }
 
 impl Watched {
     fn take(&self, key: &Key) -> bool {
         self.acknowledged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
+    fn take_refused(&self, key: &Key) -> bool {
+        self.refused
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key)
@@ -137,6 +146,12 @@ impl Store for Watched {
             let done = self.inner.complete(key, owner, value, ttl).await;
             if matches!(done, Ok(true)) {
                 self.acknowledged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(*key);
+            }
+            if matches!(done, Ok(false)) {
+                self.refused
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(*key);
@@ -176,6 +191,8 @@ pub(crate) enum Outcome {
     /// The body ran here (and the store acknowledged its completion, or not).
     Ran {
         acknowledged: bool,
+        /// The completion was refused: the lease was lost, another owner may run it.
+        lost: bool,
     },
     Replayed,
     StoreError,
@@ -218,10 +235,11 @@ pub(crate) async fn pay(
     let result = idem.dedup(opts, format!("pay-{key}"), body).await;
     let rendered = idem.key(&PAY, format_args!("pay-{key}"));
     let acknowledged = watched.take(&rendered);
+    let lost = watched.take_refused(&rendered);
     let ran = ran.load(Ordering::SeqCst);
     match result {
         Ok(v) if v != key * 100 => Outcome::Unexpected(format!("key {key} replayed {v}")),
-        Ok(_) if ran => Outcome::Ran { acknowledged },
+        Ok(_) if ran => Outcome::Ran { acknowledged, lost },
         Ok(_) => Outcome::Replayed,
         Err(Error::Store(_)) => Outcome::StoreError,
         Err(Error::InProgress { .. }) => Outcome::Busy,
@@ -239,6 +257,7 @@ pub(crate) async fn open(
     let watched = Arc::new(Watched {
         inner,
         acknowledged: Mutex::default(),
+        refused: Mutex::default(),
     });
     let idem = Idem::builder()
         .shared_store(watched.clone())
@@ -274,8 +293,13 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
                 let key = rng.below(keys);
                 counts.calls.fetch_add(1, Ordering::Relaxed);
                 match pay(&idem, &watched, &ledger, inc, key, &mut rng).await {
-                    Outcome::Ran { acknowledged } => {
+                    Outcome::Ran { acknowledged, lost } => {
                         counts.ran.fetch_add(1, Ordering::Relaxed);
+                        if lost {
+                            // Written down, so the checker can tell a visible double
+                            // (this key's lease lost, counted) from a silent one.
+                            let _ = ledger.event(&super::pause::lost_event(key), inc).await;
+                        }
                         if acknowledged {
                             let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
                         }
