@@ -209,10 +209,7 @@ async fn a_late_ack_from_a_partitioned_consumer_does_not_double_the_effect() {
     // The silent partition: A's progress signals stop reaching NATS; after ack_wait the
     // messages go to B, which finds each one held by A and waits.
     proxy.hold();
-    let mut b_durable = stream
-        .get_consumer(&durable)
-        .await
-        .expect("durable for B");
+    let mut b_durable = stream.get_consumer(&durable).await.expect("durable for B");
     let b = {
         let effects = effects.clone();
         Consumer::builder(idem(), CREDIT.clone())
@@ -231,9 +228,11 @@ async fn a_late_ack_from_a_partitioned_consumer_does_not_double_the_effect() {
             .await
             .expect("subscribe B"),
     );
-    eventually(30, "every message redelivered to B while A holds it", || {
-        b.counters().in_flight_duplicates >= MESSAGES
-    })
+    eventually(
+        30,
+        "every message redelivered to B while A holds it",
+        || b.counters().in_flight_duplicates >= MESSAGES,
+    )
     .await;
 
     // A's handlers finish while it is still cut off: effects made, records written,
