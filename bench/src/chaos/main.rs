@@ -14,7 +14,9 @@
 //! are cut. Other options: `--workers N` (4), `--tasks N` per worker (8), `--keys N`,
 //! `--ledger URL` (PostgreSQL, default `postgres://postgres@127.0.0.1:5432/test`),
 //! `--long` (10 minutes unless `--seconds` says otherwise), `--seed N`, `--keep` (keep the
-//! ledger tables).
+//! ledger tables), `--faults pause` (workers SIGSTOPped past their lease, see `pause.rs`),
+//! `--faults netem` (workers reach the store through a slow, lossy proxy with 1 s leases,
+//! see `proxy.rs`; a single-host store URL), `--faults all`.
 //!
 //! It prints a summary ending in `violations: N` and exits non-zero on any violation.
 //! Workers are this program run again with `--worker`; everything stops by itself.
