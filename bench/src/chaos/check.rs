@@ -10,13 +10,18 @@
 //!    age at the moment the primary was lost (the window: up to the promotion after a
 //!    kill; in a split brain, up to the old primary's demotion, which comes after the
 //!    network heals: its writes until then are dropped when it rejoins as a replica).
+//!    A paused worker's own late effect (`pause::late`: landed between its stop and
+//!    shortly after its resume) is the documented window of plain dedup, counted.
 //! 2. Two runs of a key with no completion between them are what the failure model
 //!    allows after a crash or a store fault in flight: the first run's worker was killed
 //!    or cut from the store between a second before its start and the second start, or
 //!    a store fault happened then. In a split brain without `wait_for_replicas`, a run
 //!    on the old primary's side during the split may be doubled on the other side:
-//!    counted, not a violation. Otherwise it is a violation (two runs with nothing to
-//!    explain them).
+//!    counted, not a violation. A pause of the first run's worker past its lease
+//!    (`pause::explains`) or a completion of it the store refused (`lost <key>`, a lost
+//!    lease, counted: `pause::lost_lease_explains`) explains it too; the workers' own
+//!    events (`pause`, `resume`, `lost <key>`) are not store faults and explain nothing
+//!    else. Otherwise it is a violation (two runs with nothing to explain them).
 //! 3. A worker cut from the store answers nothing but `Error::Store` for a call made
 //!    wholly within the cut, and runs no body for a call it started during the cut (no
 //!    body runs without a claim). Every effect names the claim (owner) it ran under, and
@@ -200,6 +205,11 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
         for (i, r) in runs.iter().enumerate() {
             // Rule 1: the earliest completion reported before this run started.
             if let Some(&done) = seen.iter().find(|&&s| s < r.at) {
+                // A paused worker's body that woke after its key was taken over.
+                if super::pause::late(&c.events, r) {
+                    repeated = true;
+                    continue;
+                }
                 match failover_between(&c.events, done, r.at) {
                     Some(("split", _)) if lossy_failover => {
                         v.lost_in_split += 1;
@@ -228,7 +238,10 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
             let prev = &runs[i - 1];
             if lossy_failover && in_split(&c.events, prev.at) {
                 split_doubled = true;
-            } else if explained(&c.events, prev, r) {
+            } else if explained(&c.events, prev, r)
+                || super::pause::explains(&c.events, prev, r)
+                || super::pause::lost_lease_explains(&c.events, prev, r)
+            {
                 repeated = true;
             } else {
                 v.violations.push(Violation::new(
@@ -378,6 +391,8 @@ fn explained(events: &[Event], prev: &Run, next: &Run) -> bool {
         }
         // The ends of faults explain nothing.
         "heal" | "healed" | "promoted" | "rejoined" => false,
+        // A worker's pause or lost lease, not a store fault: see `pause`.
+        kind if super::pause::is_worker_event(kind) => false,
         _ => prev.at - 1_000_000 <= e.at && e.at <= next.at,
     })
 }

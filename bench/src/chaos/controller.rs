@@ -18,6 +18,7 @@ use tokio::process::{Child, Command};
 use super::check::{Verdict, check};
 use super::ledger::{History, Ledger};
 use super::netns::{Forward, Host, Net, Peer};
+use super::proxy::Proxy;
 use super::rng::Rng;
 use super::servers::{Node, Sentinels};
 use super::worker::{self, LEASE, Outcome};
@@ -85,7 +86,9 @@ fn target(url: &str) -> Result<SocketAddr, String> {
 }
 
 impl Lab {
-    async fn start(o: &Opts) -> Result<Lab, String> {
+    /// `through`: where a URL store's forwarder leads instead of the store (the netem
+    /// proxy in front of it).
+    async fn start(o: &Opts, through: Option<SocketAddr>) -> Result<Lab, String> {
         let mut net = Net::new()?;
         let servers = match o.store.as_str() {
             "redis-sentinel" => vec![net.add_host("a")?, net.add_host("b")?, net.add_host("c")?],
@@ -97,7 +100,11 @@ impl Lab {
             .collect::<Result<Vec<_>, _>>()?;
         let root = net.root_addr();
         let store_fwd = if servers.is_empty() {
-            Some(Forward::start(root, target(&o.store)?).await?)
+            let to = match through {
+                Some(addr) => addr,
+                None => target(&o.store)?,
+            };
+            Some(Forward::start(root, to).await?)
         } else {
             None
         };
@@ -301,8 +308,8 @@ struct Worker {
 
 #[derive(Default)]
 struct Reports {
-    /// The last `stat` line's numbers, per incarnation.
-    stats: HashMap<i32, [u64; 6]>,
+    /// The last `stat` line's numbers, per incarnation (the seventh: leases lost).
+    stats: HashMap<i32, [u64; 7]>,
     unexpected: Vec<String>,
 }
 
@@ -350,6 +357,10 @@ impl Fleet {
             .env("IDEM_CHAOS_TASKS", self.o.tasks.to_string())
             .env("IDEM_CHAOS_UNTIL", self.until_ms.to_string())
             .env("IDEM_CHAOS_REPLICAS", self.replicas.to_string())
+            .env(
+                "IDEM_CHAOS_SHORT_LEASE",
+                if self.o.has(Fault::Netem) { "1" } else { "0" },
+            )
             .env("RUST_LOG", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -364,7 +375,7 @@ impl Fleet {
             while let Ok(Some(line)) = lines.next_line().await {
                 let mut r = reports.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(rest) = line.strip_prefix("stat ") {
-                    let mut n = [0u64; 6];
+                    let mut n = [0u64; 7];
                     for (slot, v) in n.iter_mut().zip(rest.split(' ')) {
                         *slot = v.parse().unwrap_or(0);
                     }
@@ -408,31 +419,41 @@ impl Fleet {
 }
 
 /// Runs the whole chaos run; returns the number of violations.
-pub(crate) async fn run(o: Opts) -> Result<usize, String> {
-    for f in &o.faults {
-        match f {
-            Fault::Partition => {}
-            // The seam for the pause and netem faults (branch chaos-pause): each gets its
-            // arm in `chaos` below once merged.
-            Fault::Pause | Fault::Netem => {
-                return Err(format!(
-                    "--faults {}: not built yet in this build",
-                    f.name()
-                ));
-            }
+pub(crate) async fn run(mut o: Opts) -> Result<usize, String> {
+    if o.has(Fault::Netem)
+        && let Some(why) = no_netem(&o)
+    {
+        if !o.all_faults {
+            return Err(format!("--faults netem: {why}"));
         }
+        println!("--faults all: netem skipped: {why}");
+        o.faults.retain(|&f| f != Fault::Netem);
     }
     let run = format!(
         "idem_chaos_{}_{}",
         std::process::id(),
         worker::now_ms() % 1_000_000_000
     );
-    let mut lab = if o.faults.contains(&Fault::Partition) {
-        Some(Lab::start(&o).await?)
+    // `--faults netem` on a URL store: the proxy first, so that a partition run's
+    // forwarder leads the workers into it.
+    let mut netem = if o.has(Fault::Netem) && o.store.contains("://") {
+        Some(super::proxy::netem(&o.store, o.seed).await?.0)
+    } else {
+        None
+    };
+    let mut lab = if o.has(Fault::Partition) {
+        let through = netem
+            .as_ref()
+            .map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p.port)));
+        Some(Lab::start(&o, through).await?)
     } else {
         None
     };
     let mut backend = Backend::start(&o, &run, lab.as_ref())?;
+    if o.has(Fault::Netem) && netem.is_none() {
+        // `redis-aof` (no partitions): in front of its private server.
+        netem = Some(super::proxy::netem(&backend.url(), o.seed).await?.0);
+    }
     let replicas = usize::from(o.store == "redis-sentinel" && !o.no_wait);
     let history = std::env::temp_dir().join(format!("{run}_history"));
     std::fs::create_dir_all(&history).map_err(|e| format!("{}: {e}", history.display()))?;
@@ -445,6 +466,7 @@ pub(crate) async fn run(o: Opts) -> Result<usize, String> {
         &run,
         &mut backend,
         lab.as_mut(),
+        netem.as_ref(),
         replicas,
         &ledger,
         &history,
@@ -458,7 +480,27 @@ pub(crate) async fn run(o: Opts) -> Result<usize, String> {
     }
     drop(backend);
     drop(lab);
+    drop(netem);
     result
+}
+
+/// Why `--faults netem` cannot run on this store, if it cannot: its proxy stands in
+/// front of one server the controller can reach.
+fn no_netem(o: &Opts) -> Option<String> {
+    match o.store.as_str() {
+        "redis-sentinel" => Some(
+            "the proxy needs a single-host store, and Sentinel hands the workers its servers' own addresses"
+                .into(),
+        ),
+        "redis-aof" if o.has(Fault::Partition) => Some(
+            "with partitions, redis-aof's server is on a virtual host, out of the proxy's way"
+                .into(),
+        ),
+        "redis-aof" => None,
+        url => super::proxy::through(url)
+            .is_none()
+            .then(|| format!("{url} is not a single-host URL")),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -467,14 +509,21 @@ async fn chaos(
     run: &str,
     backend: &mut Backend,
     mut lab: Option<&mut Lab>,
+    netem: Option<&Proxy>,
     replicas: usize,
     ledger: &Ledger,
     history: &std::path::Path,
 ) -> Result<usize, String> {
     let keys = o.keys.unwrap_or(o.seconds * 100).max(100);
     let started = Instant::now();
+    // `--faults netem`: the workers reach the store through the slow, lossy proxy (in a
+    // partition run, through their forwarder and then the proxy); the final sweep goes
+    // direct.
     let slot_urls = (0..o.workers)
-        .map(|i| backend.worker_url(i, lab.as_deref()))
+        .map(|i| match (netem, lab.as_deref()) {
+            (Some(p), None) => rehost(&backend.url(), Ipv4Addr::LOCALHOST, p.port),
+            (_, lab) => backend.worker_url(i, lab),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let ledger_url = match lab.as_deref() {
         Some(l) => rehost(&o.ledger, l.net.root_addr(), l.ledger_fwd.port)?,
@@ -506,10 +555,22 @@ async fn chaos(
         o.workers,
         o.tasks,
         o.seed,
-        if lab.is_some() {
-            ", faults: partition (network namespaces, nftables drop)"
+        if o.faults.is_empty() {
+            String::new()
         } else {
-            ""
+            let named: Vec<String> = o
+                .faults
+                .iter()
+                .map(|&f| {
+                    let how = match f {
+                        Fault::Partition => "network namespaces, nftables drop",
+                        Fault::Pause => "SIGSTOP past the lease",
+                        Fault::Netem => "a slow, lossy proxy",
+                    };
+                    format!("{} ({how})", f.name())
+                })
+                .collect();
+            format!(", faults: {}", named.join(", "))
         }
     );
     for slot in 0..o.workers {
@@ -521,6 +582,13 @@ async fn chaos(
     let mut fault_kind = "";
     let mut next_kill = Instant::now() + Duration::from_millis(1000 + rng.below(1500));
     let mut next_fault = Instant::now() + Duration::from_millis(4000 + rng.below(3000));
+    // `--faults pause`: a worker stopped past its lease every few seconds.
+    let mut pauses = Vec::new();
+    // (The seed draws nothing for it otherwise, so a run without pauses repeats.)
+    let mut next_pause = Instant::now();
+    if o.has(Fault::Pause) {
+        next_pause += Duration::from_millis(2000 + rng.below(2000));
+    }
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut new = fleet.reap()?;
@@ -575,6 +643,25 @@ async fn chaos(
             }
             next_fault = Instant::now() + Duration::from_millis(6000 + rng.below(6000));
         }
+        if o.has(Fault::Pause)
+            && now >= next_pause
+            && !fleet.workers.is_empty()
+            && now + super::pause::HOLD + Duration::from_secs(2) < end
+        {
+            let i = usize::try_from(rng.below(fleet.workers.len() as u64)).unwrap_or(0);
+            let w = &fleet.workers[i];
+            if let Some(pid) = w.child.id() {
+                let (inc, ledger) = (w.inc, ledger.clone());
+                pauses.push(tokio::spawn(async move {
+                    super::pause::pause(pid, inc, super::pause::HOLD, &ledger).await
+                }));
+            }
+            next_pause = Instant::now() + Duration::from_millis(3000 + rng.below(3000));
+        }
+    }
+    // No worker stays stopped.
+    for p in pauses {
+        p.await.map_err(|e| e.to_string())??;
     }
     if let Some(lab) = lab.as_deref_mut() {
         lab.heal(&fleet, ledger).await?;
@@ -614,7 +701,7 @@ async fn chaos(
     let verdict = check(&contents, replicas == 0 && o.store == "redis-sentinel");
 
     let reports = fleet.reports.lock().unwrap_or_else(|p| p.into_inner());
-    let mut total = [0u64; 6];
+    let mut total = [0u64; 7];
     for s in reports.stats.values() {
         for (t, v) in total.iter_mut().zip(s) {
             *t += v;
@@ -669,6 +756,31 @@ async fn chaos(
         total[0], total[1], total[2], total[3], total[4], total[5]
     );
     summary(&verdict);
+    if o.has(Fault::Pause) {
+        let p = super::pause::summary(&contents);
+        println!(
+            "pauses: {} workers stopped {} ms (past their {} ms lease); {} keys taken over; \
+             {} effects of paused workers landed after the stop, {} of them made after waking \
+             (plain dedup: a body goes on when it wakes)",
+            p.pauses,
+            super::pause::HOLD.as_millis(),
+            LEASE.as_millis(),
+            p.taken_over,
+            p.late_effects,
+            p.after_waking
+        );
+    }
+    if let Some(proxy) = netem {
+        println!(
+            "netem: 50-200 ms each way, 5% loss, 1 s leases; {}",
+            proxy.stats.line()
+        );
+    }
+    println!(
+        "leases lost: {} (completions refused, idem_lease_lost_total); {} keys ran again after a lost lease, each counted",
+        total[6],
+        super::pause::lost_lease_doubles(&contents)
+    );
     println!("stuck keys: {stuck}");
     for v in verdict.violations.iter().take(10) {
         println!("violation: {v}");
@@ -842,6 +954,25 @@ async fn sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netem_goes_only_in_front_of_one_server() {
+        let o = |s: &str| crate::parse(&s.split(' ').map(str::to_owned).collect::<Vec<_>>());
+        for ok in [
+            "--store redis://127.0.0.1:6379 --faults all",
+            "--store postgres://postgres@127.0.0.1:5432/test --faults netem",
+            "--store redis-aof --faults netem,pause",
+        ] {
+            assert!(no_netem(&o(ok).unwrap()).is_none(), "{ok}");
+        }
+        for skipped in [
+            "--store redis-sentinel --faults all",
+            "--store redis-aof --faults all",
+            "--store redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc --faults netem",
+        ] {
+            assert!(no_netem(&o(skipped).unwrap()).is_some(), "{skipped}");
+        }
+    }
 
     #[test]
     fn urls_are_rehosted_onto_the_forwarder() {

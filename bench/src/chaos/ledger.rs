@@ -46,7 +46,8 @@ pub(crate) struct Call {
     /// Microseconds since the epoch.
     pub(crate) start: i64,
     pub(crate) end: i64,
-    /// `ran`, `ran-unacked`, `replayed`, `store-error`, `busy` or `unexpected`.
+    /// `ran`, `ran-unacked`, `ran-lost` (its completion refused: the lease was lost),
+    /// `replayed`, `store-error`, `busy` or `unexpected`.
     pub(crate) outcome: String,
 }
 

@@ -16,6 +16,9 @@
 //! `--long` (10 minutes unless `--seconds` says otherwise), `--seed N`, `--keep` (keep the
 //! ledger tables).
 //!
+//! `--faults` names more faults, separated by commas: `partition`, `pause`, `netem`, or
+//! `all` (the three).
+//!
 //! `--faults partition` replaces the store faults above with silent network partitions
 //! (see [`netns`]): workers run on virtual hosts in network namespaces and are cut from
 //! the store with nftables `drop` rules (no reset), then healed. With a URL store the
@@ -25,8 +28,13 @@
 //! split brain (the primary and some workers cut from the rest; a replica is promoted;
 //! both sides keep calling; healed). `--min-replicas N` sets the private Redis servers'
 //! `min-replicas-to-write` (lag 1 s; default 1 with partitions on `redis-sentinel`, else
-//! 0). `--faults` also names `pause` and `netem` (or `all`), separated by commas.
-//! Needs root, `ip` and `nft`.
+//! 0). Needs root, `ip` and `nft`.
+//!
+//! `--faults pause` stops a worker (SIGSTOP) past its lease every few seconds, then
+//! resumes it (see [`pause`]). `--faults netem` puts a slow, lossy proxy between the
+//! workers and the store and gives them 1 s leases (see [`proxy`]; the final sweep goes
+//! direct). Netem needs a single-host store: a URL, or `redis-aof` without partitions;
+//! `--faults all` on another store skips it with a note.
 //!
 //! Each run records a history (every call with its start, end and outcome; every effect
 //! with its claim's owner; every fault) that [`check`] reads against the failure model.
@@ -37,6 +45,8 @@ mod check;
 mod controller;
 mod ledger;
 mod netns;
+mod pause;
+mod proxy;
 mod rng;
 mod servers;
 mod worker;
@@ -61,6 +71,9 @@ pub(crate) struct Opts {
     pub(crate) keep: bool,
     /// The faults asked for with `--faults`; empty: kills and the store's own faults.
     pub(crate) faults: Vec<Fault>,
+    /// Whether `--faults` said `all`: a fault this store cannot take is then skipped
+    /// with a note (netem on Sentinel) rather than refused.
+    pub(crate) all_faults: bool,
     /// `min-replicas-to-write` of the private Redis servers; `None`: the default.
     pub(crate) min_replicas: Option<u32>,
 }
@@ -112,6 +125,13 @@ impl Fault {
     }
 }
 
+impl Opts {
+    /// Whether `--faults` asked for `f` (by name or with `all`).
+    pub(crate) fn has(&self, f: Fault) -> bool {
+        self.faults.contains(&f)
+    }
+}
+
 const USAGE: &str = "usage: idem-chaos --store URL|redis-aof|redis-sentinel [--seconds N] [--long] \
                      [--faults partition|pause|netem|all] [--min-replicas N] \
                      [--workers N] [--tasks N] [--keys N] [--ledger URL] [--no-wait] [--seed N] [--keep]";
@@ -128,6 +148,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         seed: worker::now_ms(),
         keep: false,
         faults: Vec::new(),
+        all_faults: false,
         min_replicas: None,
     };
     let mut long = false;
@@ -149,7 +170,11 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--keys" => o.keys = Some(num(value()?)?),
             "--ledger" => o.ledger = value()?,
             "--seed" => o.seed = num(value()?)?,
-            "--faults" => o.faults = Fault::parse_list(&value()?)?,
+            "--faults" => {
+                let list = value()?;
+                o.faults = Fault::parse_list(&list)?;
+                o.all_faults = list.split(',').any(|f| f.trim() == "all");
+            }
             "--min-replicas" => {
                 o.min_replicas = Some(u32::try_from(num(value()?)?).map_err(|e| e.to_string())?)
             }
@@ -341,5 +366,9 @@ mod tests {
             Fault::ALL.to_vec()
         );
         assert!(parse(&args("--store redis-aof --faults flood")).is_err());
+        let all = parse(&args("--store redis-sentinel --faults all")).unwrap();
+        assert!(all.all_faults && all.has(Fault::Netem) && all.has(Fault::Pause));
+        let named = parse(&args("--store redis-sentinel --faults netem")).unwrap();
+        assert!(!named.all_faults && named.has(Fault::Netem) && !named.has(Fault::Pause));
     }
 }

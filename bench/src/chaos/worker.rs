@@ -28,6 +28,15 @@ pub(crate) static PAY: Options = Options::dedup("chaos::pay")
 /// The lease of a claim; a killed worker's in-flight keys may run again after it.
 pub(crate) const LEASE: Duration = Duration::from_secs(2);
 
+/// `--faults netem`: the short lease (1 s), over the slow link, so renewals
+/// have to keep up with 50 to 200 ms each way.
+pub(crate) static PAY_SHORT: Options = Options::dedup("chaos::pay")
+    .lease(Duration::from_secs(1))
+    .wait(Duration::from_millis(200));
+
+/// Whether this worker runs with [`PAY_SHORT`] (`IDEM_CHAOS_SHORT_LEASE=1`).
+static SHORT_LEASE: AtomicBool = AtomicBool::new(false);
+
 /// What one worker needs, from its environment.
 pub(crate) struct Settings {
     pub(crate) store: String,
@@ -113,6 +122,8 @@ pub(crate) struct Watched {
     inner: Arc<dyn Store>,
     acknowledged: Mutex<HashSet<Key>>,
     owners: Mutex<HashMap<Key, Owner>>,
+    /// Keys whose completion the store refused: their lease was lost.
+    refused: Mutex<HashSet<Key>>,
 }
 
 impl Watched {
@@ -127,6 +138,13 @@ impl Watched {
 
     fn take(&self, key: &Key) -> bool {
         self.acknowledged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
+    fn take_refused(&self, key: &Key) -> bool {
+        self.refused
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key)
@@ -162,6 +180,12 @@ impl Store for Watched {
             let done = self.inner.complete(key, owner, value, ttl).await;
             if matches!(done, Ok(true)) {
                 self.acknowledged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(*key);
+            }
+            if matches!(done, Ok(false)) {
+                self.refused
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(*key);
@@ -202,6 +226,8 @@ pub(crate) enum Outcome {
     /// The body ran here (and the store acknowledged its completion, or not).
     Ran {
         acknowledged: bool,
+        /// The completion was refused: the lease was lost, another owner may run it.
+        lost: bool,
     },
     Replayed,
     StoreError,
@@ -213,10 +239,11 @@ impl Outcome {
     /// Its name in the history.
     pub(crate) fn name(&self) -> &'static str {
         match self {
-            Outcome::Ran { acknowledged: true } => "ran",
             Outcome::Ran {
-                acknowledged: false,
-            } => "ran-unacked",
+                acknowledged: true, ..
+            } => "ran",
+            Outcome::Ran { lost: true, .. } => "ran-lost",
+            Outcome::Ran { .. } => "ran-unacked",
             Outcome::Replayed => "replayed",
             Outcome::StoreError => "store-error",
             Outcome::Busy => "busy",
@@ -269,12 +296,18 @@ async fn pay_once(
             Ok::<u64, Error>(key * 100)
         }
     };
-    let result = idem.dedup(&PAY, format!("pay-{key}"), body).await;
+    let opts = if SHORT_LEASE.load(Ordering::Relaxed) {
+        &PAY_SHORT
+    } else {
+        &PAY
+    };
+    let result = idem.dedup(opts, format!("pay-{key}"), body).await;
     let acknowledged = watched.take(&rendered);
+    let lost = watched.take_refused(&rendered);
     let ran = ran.load(Ordering::SeqCst);
     match result {
         Ok(v) if v != key * 100 => Outcome::Unexpected(format!("key {key} replayed {v}")),
-        Ok(_) if ran => Outcome::Ran { acknowledged },
+        Ok(_) if ran => Outcome::Ran { acknowledged, lost },
         Ok(_) => Outcome::Replayed,
         Err(Error::Store(_)) => Outcome::StoreError,
         Err(Error::InProgress { .. }) => Outcome::Busy,
@@ -294,6 +327,7 @@ pub(crate) async fn open(
         inner,
         acknowledged: Mutex::default(),
         owners: Mutex::default(),
+        refused: Mutex::default(),
     });
     let idem = Idem::builder()
         .shared_store(watched.clone())
@@ -304,6 +338,10 @@ pub(crate) async fn open(
 
 /// The worker's main: runs `tasks` payment loops until the deadline, printing counts.
 pub(crate) async fn run(s: Settings) -> Result<(), String> {
+    SHORT_LEASE.store(
+        std::env::var("IDEM_CHAOS_SHORT_LEASE").is_ok_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     let ledger = Ledger::open(&s.ledger, &s.run, if s.small { 4 } else { 8 }).await?;
     let history = Arc::new(History::create(&s.history, s.incarnation)?);
     let (idem, watched) = open(&s.store, s.replicas, &s.run, s.small).await?;
@@ -327,8 +365,13 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
                 let key = rng.below(keys);
                 counts.calls.fetch_add(1, Ordering::Relaxed);
                 match pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await {
-                    Outcome::Ran { acknowledged } => {
+                    Outcome::Ran { acknowledged, lost } => {
                         counts.ran.fetch_add(1, Ordering::Relaxed);
+                        if lost {
+                            // Written down, so the checker can tell a visible double
+                            // (this key's lease lost, counted) from a silent one.
+                            let _ = ledger.event(&super::pause::lost_event(key), inc).await;
+                        }
                         if acknowledged {
                             let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
                         }
@@ -353,11 +396,12 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
             }
         }));
     }
+    // The seventh number: completions refused because the lease was lost.
     let printer = {
-        let counts = counts.clone();
+        let (counts, idem) = (counts.clone(), idem.clone());
         tokio::spawn(async move {
             loop {
-                println!("{}", counts.line());
+                println!("{} {}", counts.line(), idem.stats().lease_lost);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
@@ -366,7 +410,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
         t.await.map_err(|e| format!("worker task: {e}"))?;
     }
     printer.abort();
-    println!("{}", counts.line());
+    println!("{} {}", counts.line(), idem.stats().lease_lost);
     println!("done");
     Ok(())
 }
