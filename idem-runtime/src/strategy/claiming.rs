@@ -350,10 +350,15 @@ pub(crate) async fn settle(
     let store = store.clone();
     let call = Finishing::new(sent, move |done: Result<bool, Error>| match done {
         Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            %key,
-            "the claim was lost before the result of a cancelled call was recorded"
-        ),
+        Ok(false) => {
+            if again.is_some() {
+                observe::lease_lost();
+            }
+            tracing::warn!(
+                %key,
+                "the claim was lost before the result of a cancelled call was recorded"
+            )
+        }
         Err(e) => {
             tracing::warn!(%key, error = %e, "recording the result of a cancelled call failed; retrying");
             retry_settle(store, key, owner, again);
@@ -449,7 +454,15 @@ pub(crate) fn retry_settle(
                 None => store.release(&key, owner).await,
             };
             match done {
-                Ok(_) => return,
+                Ok(true) => return,
+                // A completion refused: the lease ran out while the store was failing,
+                // and another owner may run the key. Counted, so it is never silent.
+                Ok(false) if settle.is_some() => {
+                    observe::lease_lost();
+                    tracing::warn!(%key, "the lease was lost before the result could be recorded");
+                    return;
+                }
+                Ok(false) => return,
                 Err(e) => tracing::debug!(%key, error = %e, "settling the claim failed again"),
             }
             delay = (delay * 2).min(Duration::from_secs(2));
