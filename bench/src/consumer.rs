@@ -10,7 +10,7 @@
 //! Redis Streams at `$IDEM_BENCH_REDIS` (default `redis://127.0.0.1:6379`) and MQTT 5 at
 //! `$IDEM_BENCH_MQTT` (default `127.0.0.1:1883`); a broker that does not answer is noted
 //! and skipped. NATS, RabbitMQ and Redis get every message before the run; MQTT gets them
-//! during it, at most [`MQTT_AHEAD`] ahead of the consumer: Mosquitto queues at most
+//! during it, at most `MQTT_AHEAD` (512) ahead of the consumer: Mosquitto queues at most
 //! 1,000 per session by default (a limit kept) and drops the rest, so a backlog of the
 //! whole run cannot wait for it. The figure is the steady state of publish and consume
 //! together, as MQTT is used.
