@@ -575,6 +575,10 @@ fn transactional_calls_are_idem_spans_and_counted() {
                 .unwrap();
             assert_eq!(got, 9);
         }
+        // SQLite's connection worker thread may hold the last call's span until its next
+        // command: closing the pool ends the workers, so every span has closed (and been
+        // captured) before this returns.
+        store.close().await;
     });
     let mut got = captured.outcomes();
     got.sort();
