@@ -11,7 +11,7 @@
 //! there: `StateMachine::stored_in` (SQL features) moves the row itself with the same
 //! rules; see [Own table](#own-table) below.
 //!
-#![doc = include_str!("guide/state_machine.md")]
+#![doc = include_str!("../guide/state_machine.md")]
 
 use std::collections::HashMap;
 use std::fmt;
