@@ -1,5 +1,6 @@
-//! [`Dialect`]: one SQL database's statements for the claim records, implemented once per
-//! database in `postgres.rs`, `mysql.rs` and `sqlite.rs`, each on its own pool. A
+//! [`Dialect`]: one SQL database's statements for the claim records and the toolbox
+//! records, implemented once per database in `postgres/`, `mysql/` and `sqlite/`, each
+//! on its own pool. A
 //! [`SqlStore`] holds one behind an `Arc<dyn Dialect>`, so its `Store` methods call
 //! through the trait instead of matching on the database in every method (as sqlx's
 //! drivers implement one backend trait each).
@@ -16,6 +17,7 @@ use bytes::Bytes;
 
 use super::inspection::Inspected;
 use super::record::Snapshot;
+use super::toolbox::{StateRow, StateWrite, ValueRow, ValueWrite};
 use super::{BoxFuture, SqlStore};
 use crate::store::{ClaimRequest, Owner, TxConnection, Unreachable};
 use crate::{Error, Key};
@@ -23,7 +25,7 @@ use crate::{Error, Key};
 /// One row of `idem stats`: namespace, function, state, count.
 pub(super) type CountRow = (String, String, i16, i64);
 
-/// One SQL database's claim-record statements; see the [module docs](self).
+/// One SQL database's statements; see the [module docs](self).
 pub(super) trait Dialect: Send + Sync + 'static {
     /// `"postgres"`, `"mysql"` (MySQL or MariaDB) or `"sqlite"`.
     fn name(&self) -> &'static str;
@@ -131,6 +133,34 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// Begins a transaction on a pooled connection: a boxed
     /// `sqlx::Transaction<'static, DB>` of this database (a transactional step's).
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Any + Send>, Error>>;
+
+    // ---- The toolbox records (the `toolbox` module decides, in these statements). ----
+
+    /// The live value of `key` in `idem_values`, and its version.
+    fn load_value<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<ValueRow>, Error>>;
+
+    /// Runs `write` on the row of `key` in `idem_values`; the rows it changed.
+    fn write_value<'a>(
+        &'a self,
+        key: &'a Key,
+        write: ValueWrite<'a>,
+    ) -> BoxFuture<'a, Result<u64, Error>>;
+
+    /// The live row of `key` in `idem_states`.
+    fn read_state<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<StateRow>, Error>>;
+
+    /// Runs `write` on the row of `key` in `idem_states`; the rows it changed.
+    fn write_state<'a>(
+        &'a self,
+        key: &'a Key,
+        write: StateWrite<'a>,
+    ) -> BoxFuture<'a, Result<u64, Error>>;
+
+    /// Deletes up to `batch` expired rows of `idem_values`.
+    fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>>;
+
+    /// Deletes up to `batch` expired rows of `idem_states`.
+    fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>>;
 
     /// Waits for connections in use to be returned, then closes them.
     fn close(&self) -> BoxFuture<'_, ()>;

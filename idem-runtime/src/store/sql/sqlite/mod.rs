@@ -29,27 +29,30 @@ macro_rules! now {
     };
 }
 
+// After `now!`, which its statements use.
+mod toolbox;
+
 pub(super) fn migrator() -> Migrator {
     let mut m = Migrator::with_migrations(vec![
         Migration::new(
             1,
             "idem records".into(),
             MigrationType::Simple,
-            include_str!("sqlite_v1.sql").into_sql_str(),
+            include_str!("../sqlite_v1.sql").into_sql_str(),
             false,
         ),
         Migration::new(
             2,
             "idem toolbox records".into(),
             MigrationType::Simple,
-            include_str!("sqlite_v2.sql").into_sql_str(),
+            include_str!("../sqlite_v2.sql").into_sql_str(),
             false,
         ),
         Migration::new(
             3,
             "idem step journals".into(),
             MigrationType::Simple,
-            include_str!("sqlite_v3.sql").into_sql_str(),
+            include_str!("../sqlite_v3.sql").into_sql_str(),
             false,
         ),
     ]);
@@ -641,6 +644,44 @@ impl super::dialect::Dialect for SqliteDialect {
                 .map_err(Error::store)?;
             Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
         })
+    }
+
+    fn load_value<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<super::toolbox::ValueRow>, Error>> {
+        Box::pin(toolbox::load_value(&self.pool, key))
+    }
+
+    fn write_value<'a>(
+        &'a self,
+        key: &'a Key,
+        write: super::toolbox::ValueWrite<'a>,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(toolbox::write_value(&self.pool, key, write))
+    }
+
+    fn read_state<'a>(
+        &'a self,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<super::toolbox::StateRow>, Error>> {
+        Box::pin(toolbox::read_state(&self.pool, key))
+    }
+
+    fn write_state<'a>(
+        &'a self,
+        key: &'a Key,
+        write: super::toolbox::StateWrite<'a>,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(toolbox::write_state(&self.pool, key, write))
+    }
+
+    fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_VALUES, batch))
+    }
+
+    fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_STATES, batch))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
