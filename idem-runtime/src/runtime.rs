@@ -197,6 +197,14 @@ impl std::ops::Deref for Current {
 }
 
 impl Current {
+    /// The record key of a key template written part by part: the attribute's
+    /// expansion calls it on the runtime it resolved, so [`Idem`] itself has no such
+    /// public method (`Idem::key_parts` is the crate's).
+    #[inline]
+    pub fn key_parts(&self, opts: &Options, render: impl FnOnce(&mut KeyWriter)) -> Key {
+        (**self).key_parts(opts, render)
+    }
+
     /// Resolves the current runtime.
     pub fn get() -> Current {
         if let Ok(idem) = SCOPED.try_with(Idem::clone) {
@@ -282,12 +290,10 @@ impl Idem {
         })
     }
 
-    /// The record key of a key template written part by part (the attribute's
-    /// expansion; see [`KeyWriter`]). The same key as [`Idem::key`] with the rendered
-    /// text.
-    #[doc(hidden)]
+    /// The record key of a key template written part by part (see [`KeyWriter`]). The
+    /// same key as [`Idem::key`] with the rendered text.
     #[inline]
-    pub fn key_parts(&self, opts: &Options, render: impl FnOnce(&mut KeyWriter)) -> Key {
+    pub(crate) fn key_parts(&self, opts: &Options, render: impl FnOnce(&mut KeyWriter)) -> Key {
         let ns = self.inner.namespace;
         let prefix = match self.inner.digest {
             Digest::Local => Some(opts.local_prefix(ns)),

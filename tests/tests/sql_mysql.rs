@@ -67,8 +67,9 @@ idem_runtime::conformance_tests!(conformance, || async {
 // The same suite on the path MySQL (no RETURNING) takes: insert, then read.
 idem_runtime::conformance_tests!(conformance_without_returning, || async {
     super::admin().await;
-    std::sync::Arc::new(super::store().await.without_returning())
-        as std::sync::Arc<dyn idem_runtime::Store>
+    std::sync::Arc::new(idem_runtime::__private::without_returning(
+        super::store().await,
+    )) as std::sync::Arc<dyn idem_runtime::Store>
 });
 
 /// The store's connection killed by the server (`KILL`) between two calls: the next

@@ -262,7 +262,7 @@ impl<DB: TxDatabase> Claimer for Fresh<'_, DB> {
     async fn claim(&mut self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         // Dropped, the last attempt rolls back.
         self.tx = None;
-        let mut tx = DB::__begin(self.pool, self.wait).await?;
+        let mut tx = DB::begin_tx(self.pool, self.wait).await?;
         let outcome = self.store.claim_in(tx.as_mut(), key, req).await?;
         if !matches!(outcome, ClaimOutcome::Busy { .. }) {
             self.tx = Some(tx);
@@ -339,7 +339,7 @@ impl SqlStore {
     {
         let span = observe::span(opts, key);
         let begun = async {
-            let pool = DB::__pool(self).ok_or_else(|| {
+            let pool = DB::pool_of(self).ok_or_else(|| {
                 Error::Config(format!(
                     "a transaction on another database than this {} store",
                     self.backend_name()

@@ -348,8 +348,7 @@ impl RedisStore {
     }
 
     /// Whether this store's kind of connections is a Cluster.
-    #[doc(hidden)]
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         #[cfg(feature = "redis-cluster")]
         return matches!(self.inner.conns.source(), Source::Cluster(_));
         #[cfg(not(feature = "redis-cluster"))]

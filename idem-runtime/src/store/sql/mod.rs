@@ -350,9 +350,9 @@ impl SqlStore {
     }
 
     /// Forces the two-statement claim that MySQL needs even on MariaDB, so tests can
-    /// exercise that path on the server at hand.
-    #[doc(hidden)]
-    pub fn without_returning(self) -> Self {
+    /// exercise that path on the server at hand (through
+    /// `__private::without_returning`).
+    pub(crate) fn without_returning(self) -> Self {
         // By value rather than `mut self`: without the `mysql` feature there is nothing
         // to change, and an unused `mut` would warn.
         #[cfg(feature = "mysql")]

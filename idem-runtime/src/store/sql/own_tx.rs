@@ -18,35 +18,44 @@ use super::{BoxFuture, SqlStore};
 use crate::store::Owner;
 use crate::{Error, Key};
 
+/// What idem does with a [`TxDatabase`], out of users' reach: the supertrait is public
+/// (so the bound is) but cannot be named outside this module, so no other type can
+/// implement it and its items are nobody's API.
 mod sealed {
-    pub trait Sealed {}
+    use std::time::Duration;
+
+    use super::{BoxFuture, SqlStore};
+    use crate::Error;
+
+    pub trait Sealed: sqlx::Database {
+        /// `store`'s pool, if it runs on this database.
+        fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>>;
+
+        /// Begins a transaction for transactional mode; a duplicate's wait on a twin's
+        /// uncommitted row is bounded by `wait` where the database allows it.
+        fn begin_tx(
+            pool: &sqlx::Pool<Self>,
+            wait: Duration,
+        ) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self>, Error>>;
+    }
 }
 
 /// A database that [`SqlStore::transaction`] runs in: `sqlx::Postgres`, `sqlx::MySql`
 /// or `sqlx::Sqlite` (with their cargo features; each exists only with its own).
 ///
-/// Sealed: the methods are idem's internals.
-pub trait TxDatabase: sqlx::Database<Connection: Send + 'static> + sealed::Sealed {
-    #[doc(hidden)]
-    fn __pool(store: &SqlStore) -> Option<&sqlx::Pool<Self>>;
-
-    #[doc(hidden)]
-    fn __begin(
-        pool: &sqlx::Pool<Self>,
-        wait: Duration,
-    ) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self>, Error>>;
-}
+/// Sealed: what idem does with it is internal.
+pub trait TxDatabase: sqlx::Database<Connection: Send + 'static> + sealed::Sealed {}
 
 #[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::Postgres {}
+impl TxDatabase for sqlx::Postgres {}
 
 #[cfg(feature = "postgres")]
-impl TxDatabase for sqlx::Postgres {
-    fn __pool(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
+impl sealed::Sealed for sqlx::Postgres {
+    fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.pg_pool()
     }
 
-    fn __begin(
+    fn begin_tx(
         pool: &sqlx::Pool<Self>,
         wait: Duration,
     ) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self>, Error>> {
@@ -67,15 +76,15 @@ impl TxDatabase for sqlx::Postgres {
 }
 
 #[cfg(feature = "mysql")]
-impl sealed::Sealed for sqlx::MySql {}
+impl TxDatabase for sqlx::MySql {}
 
 #[cfg(feature = "mysql")]
-impl TxDatabase for sqlx::MySql {
-    fn __pool(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
+impl sealed::Sealed for sqlx::MySql {
+    fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.mysql_pool()
     }
 
-    fn __begin(
+    fn begin_tx(
         pool: &sqlx::Pool<Self>,
         _wait: Duration,
     ) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self>, Error>> {
@@ -87,15 +96,15 @@ impl TxDatabase for sqlx::MySql {
 }
 
 #[cfg(feature = "sqlite")]
-impl sealed::Sealed for sqlx::Sqlite {}
+impl TxDatabase for sqlx::Sqlite {}
 
 #[cfg(feature = "sqlite")]
-impl TxDatabase for sqlx::Sqlite {
-    fn __pool(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
+impl sealed::Sealed for sqlx::Sqlite {
+    fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.sqlite_pool()
     }
 
-    fn __begin(
+    fn begin_tx(
         pool: &sqlx::Pool<Self>,
         _wait: Duration,
     ) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self>, Error>> {

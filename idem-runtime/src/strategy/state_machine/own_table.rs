@@ -335,7 +335,7 @@ impl StateColumn {
         let mut candidates: Vec<&(Option<&'static str>, String)> = plan.moves.iter().collect();
         for _ in 0..ROUNDS {
             for (from, sql) in candidates {
-                match DB::__update(conn, sql, id).await? {
+                match DB::update(conn, sql, id).await? {
                     0 => {}
                     1 => {
                         return Ok(Step::Performed {
@@ -352,7 +352,7 @@ impl StateColumn {
                     }
                 }
             }
-            let current = match DB::__read(conn, &plan.read, id).await? {
+            let current = match DB::read(conn, &plan.read, id).await? {
                 None => {
                     return Err(Error::NoSuchRow {
                         table: self.table.clone(),
@@ -387,58 +387,64 @@ impl StateColumn {
     }
 }
 
+/// What idem does with a [`StateDatabase`], out of users' reach: the supertrait is public
+/// (so the bound is) but cannot be named outside this module, so no other type can
+/// implement it and its items are nobody's API.
 mod sealed {
-    pub trait Sealed {}
+    use sqlx::{Encode, Type};
+
+    use crate::Error;
+    use crate::store::BoxFuture;
+
+    pub trait Sealed: sqlx::Database {
+        /// How the database quotes an identifier.
+        const QUOTE: char;
+        /// The first parameter's placeholder.
+        const PARAM: &'static str;
+        /// The type a state is cast to when read.
+        const TEXT: &'static str;
+        /// What locks the row on the classifying read.
+        const LOCK: &'static str;
+
+        /// Runs a guarded `UPDATE` with the id bound; the rows it changed.
+        fn update<'c, I>(
+            conn: &'c mut Self::Connection,
+            sql: &'c str,
+            id: &'c I,
+        ) -> BoxFuture<'c, Result<u64, Error>>
+        where
+            I: for<'q> Encode<'q, Self> + Type<Self> + Sync;
+
+        /// Reads the row's state: `None` without a row, `Some(None)` for `NULL`.
+        fn read<'c, I>(
+            conn: &'c mut Self::Connection,
+            sql: &'c str,
+            id: &'c I,
+        ) -> BoxFuture<'c, Result<Option<Option<String>>, Error>>
+        where
+            I: for<'q> Encode<'q, Self> + Type<Self> + Sync;
+    }
 }
 
 /// A database a [`StateColumn`] runs on: `sqlx::Postgres`, `sqlx::MySql` or
-/// `sqlx::Sqlite` (with the features `postgres`, `mysql`, `sqlite`). Sealed: the items
-/// are idem's internals.
-pub trait StateDatabase: sqlx::Database + sealed::Sealed {
-    #[doc(hidden)]
-    const QUOTE: char;
-    #[doc(hidden)]
-    const PARAM: &'static str;
-    #[doc(hidden)]
-    const TEXT: &'static str;
-    #[doc(hidden)]
-    const LOCK: &'static str;
-
-    /// Runs a guarded `UPDATE` with the id bound; the rows it changed.
-    #[doc(hidden)]
-    fn __update<'c, I>(
-        conn: &'c mut Self::Connection,
-        sql: &'c str,
-        id: &'c I,
-    ) -> BoxFuture<'c, Result<u64, Error>>
-    where
-        I: for<'q> Encode<'q, Self> + Type<Self> + Sync;
-
-    /// Reads the row's state: `None` without a row, `Some(None)` for `NULL`.
-    #[doc(hidden)]
-    fn __read<'c, I>(
-        conn: &'c mut Self::Connection,
-        sql: &'c str,
-        id: &'c I,
-    ) -> BoxFuture<'c, Result<Option<Option<String>>, Error>>
-    where
-        I: for<'q> Encode<'q, Self> + Type<Self> + Sync;
-}
+/// `sqlx::Sqlite` (with the features `postgres`, `mysql`, `sqlite`). Sealed: what idem
+/// does with it is internal.
+pub trait StateDatabase: sqlx::Database + sealed::Sealed {}
 
 macro_rules! state_database {
     ($feature:literal, $db:ty, quote = $quote:literal, param = $param:literal,
      text = $text:literal, lock = $lock:literal) => {
         #[cfg(feature = $feature)]
-        impl sealed::Sealed for $db {}
+        impl StateDatabase for $db {}
 
         #[cfg(feature = $feature)]
-        impl StateDatabase for $db {
+        impl sealed::Sealed for $db {
             const QUOTE: char = $quote;
             const PARAM: &'static str = $param;
             const TEXT: &'static str = $text;
             const LOCK: &'static str = $lock;
 
-            fn __update<'c, I>(
+            fn update<'c, I>(
                 conn: &'c mut Self::Connection,
                 sql: &'c str,
                 id: &'c I,
@@ -456,7 +462,7 @@ macro_rules! state_database {
                 })
             }
 
-            fn __read<'c, I>(
+            fn read<'c, I>(
                 conn: &'c mut Self::Connection,
                 sql: &'c str,
                 id: &'c I,
