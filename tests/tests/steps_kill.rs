@@ -35,14 +35,17 @@ use idem_runtime::{
     Error, Idem, Options, RecordState, RedisStore, SqlStore, StepInfo, Verified, step,
 };
 
-/// Short leases: a killed holder's key is taken over soon after its death. The calls
-/// wait (up to a minute, a bound and no expectation) for the dead holder's lease.
+/// Short leases: a killed holder's key is taken over soon after its death. A second,
+/// not less: the parent looks at the record a live child holds, and on a loaded machine
+/// a shorter lease could run out between two of the child's heartbeats (every third of
+/// it). The calls wait (up to a minute, a bound and no expectation) for a dead holder's
+/// lease.
 static CHECKOUT: Options = Options::dedup("steps_kill::checkout")
-    .lease(Duration::from_millis(500))
+    .lease(Duration::from_secs(1))
     .wait(Duration::from_secs(60))
     .ttl(Duration::from_secs(600));
 static SHIP: Options = Options::dedup("steps_kill::ship")
-    .lease(Duration::from_millis(500))
+    .lease(Duration::from_secs(1))
     .wait(Duration::from_secs(60))
     .ttl(Duration::from_secs(600));
 
