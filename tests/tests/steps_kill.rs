@@ -67,22 +67,34 @@ const CHILD_LINE_BOUND: Duration = Duration::from_secs(120);
 
 /// The store at `url` under namespace `ns`, with small pools: the test's processes share
 /// the servers with every other test. Fails loudly, saying how to start the server.
-async fn open(url: &str, ns: &str) -> Idem {
+/// Also the SQL store itself, for the test's own statements.
+async fn open(url: &str, ns: &str) -> (Idem, Option<SqlStore>) {
     let builder = Idem::builder().namespace(ns);
-    let builder = if url.starts_with("redis:") {
-        if std::net::TcpStream::connect_timeout(
-            &"127.0.0.1:6379".parse().unwrap(),
-            Duration::from_secs(5),
-        )
-        .is_err()
-        {
-            panic!(
-                "no Redis on 127.0.0.1:6379: start it with \
-                 `redis-server --daemonize yes --save '' --appendonly no`"
-            );
+    let sql = open_sql(url).await;
+    let idem = match sql.clone() {
+        Some(sql) => builder.store(sql),
+        None => {
+            if std::net::TcpStream::connect_timeout(
+                &"127.0.0.1:6379".parse().unwrap(),
+                Duration::from_secs(5),
+            )
+            .is_err()
+            {
+                panic!(
+                    "no Redis on 127.0.0.1:6379: start it with \
+                     `redis-server --daemonize yes --save '' --appendonly no`"
+                );
+            }
+            builder.store(RedisStore::connect(url).unwrap())
         }
-        builder.store(RedisStore::connect(url).unwrap())
-    } else if url.starts_with("postgres") {
+    }
+    .build();
+    (idem, sql)
+}
+
+/// The SQL store at `url`; `None` for Redis.
+async fn open_sql(url: &str) -> Option<SqlStore> {
+    Some(if url.starts_with("postgres") {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
@@ -95,7 +107,7 @@ async fn open(url: &str, ns: &str) -> Idem {
                      (or set IDEM_TEST_PG_URL)"
                 )
             });
-        builder.store(SqlStore::from_pg_pool(pool).await.unwrap())
+        SqlStore::from_pg_pool(pool).await.unwrap()
     } else if url.starts_with("mysql") {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(4)
@@ -109,11 +121,35 @@ async fn open(url: &str, ns: &str) -> Idem {
                      (or set IDEM_TEST_MYSQL_URL)"
                 )
             });
-        builder.store(SqlStore::from_mysql_pool(pool).await.unwrap())
+        SqlStore::from_mysql_pool(pool).await.unwrap()
+    } else if url.starts_with("sqlite") {
+        SqlStore::connect(url).await.unwrap()
     } else {
-        builder.store(SqlStore::connect(url).await.unwrap())
+        return None;
+    })
+}
+
+/// Removes the run's rows from a shared SQL database. `Idem::forget` leaves a free row
+/// behind (for a lock's fencing), which only the store's purge removes once expired;
+/// Redis keeps nothing after a forget, and SQLite's file goes with the run's directory.
+async fn remove_rows(sql: Option<&SqlStore>, run: &Run) {
+    let Some(sql) = sql else {
+        return;
     };
-    builder.build()
+    let ns = &run.ns;
+    if let Some(pool) = sql.pg_pool() {
+        sqlx::query("DELETE FROM idem_records WHERE namespace = $1")
+            .bind(ns)
+            .execute(pool)
+            .await
+            .unwrap();
+    } else if let Some(pool) = sql.mysql_pool() {
+        sqlx::query("DELETE FROM idem_records WHERE namespace = ?")
+            .bind(ns)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
 }
 
 /// One test's run: its own namespace and key, and a directory for the shared log (and,
@@ -311,7 +347,7 @@ fn steps_kill_child() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let idem = open(&url, &ns).await;
+        let (idem, _) = open(&url, &ns).await;
         match role.as_str() {
             "down" => {
                 let r = idem
@@ -495,7 +531,7 @@ async fn assert_completed_without_journal(idem: &Idem, opts: &Options, key: &str
 /// Three processes, one key: downstreams down; killed after `b`; resumed past the lease.
 async fn steps_resume_after_sigkill(name: &str, url: Option<String>) {
     let run = Run::new(name, url);
-    let idem = open(&run.url, &run.ns).await;
+    let (idem, sql) = open(&run.url, &run.ns).await;
     let key = run.key.clone();
 
     // Attempt 1, in a first process: every step fails, so none is journaled.
@@ -600,13 +636,14 @@ async fn steps_resume_after_sigkill(name: &str, url: Option<String>) {
     assert_eq!(read_log(&run.log).len(), lines.len(), "a replay ran a step");
 
     assert!(idem.forget(&CHECKOUT, &key).await.unwrap());
+    remove_rows(sql.as_ref(), &run).await;
 }
 
 /// A verified step killed after its intent was journaled, before its result: the next
 /// process asks `verify`; found, the effect does not run again; not found, it runs.
 async fn verified_step_after_sigkill_asks_verify(name: &str, url: Option<String>) {
     let run = Run::new(name, url);
-    let idem = open(&run.url, &run.ns).await;
+    let (idem, sql) = open(&run.url, &run.ns).await;
     for (role, landed) in [("land-then-die", true), ("die-before-landing", false)] {
         let key = format!("{}-{role}", run.key);
         let log = run.dir.join(format!("{role}.log"));
@@ -658,6 +695,7 @@ async fn verified_step_after_sigkill_asks_verify(name: &str, url: Option<String>
         assert_completed_without_journal(&idem, &SHIP, &key).await;
         assert!(idem.forget(&SHIP, &key).await.unwrap());
     }
+    remove_rows(sql.as_ref(), &run).await;
 }
 
 // ---------------------------------------------------------------------------------
