@@ -188,12 +188,9 @@ struct StepTally {
 }
 
 impl StepTally {
-    /// Counts one step that returned: it ran, `verify` found its effect, or it replayed.
-    fn count(&self, ran: &AtomicBool, verified: &AtomicBool) -> bool {
-        let (ran, verified) = (
-            ran.load(Ordering::Relaxed),
-            verified.load(Ordering::Relaxed),
-        );
+    /// Counts one step that returned: it ran, `verify` found its effect, or it replayed
+    /// from the journal (returned: true).
+    fn count(&self, ran: bool, verified: bool) -> bool {
         let counter = match (ran, verified) {
             (true, _) => &self.ran,
             (false, true) => &self.verified,
@@ -276,7 +273,7 @@ impl Checkout {
             gateway_charge(&self.ledger, &self.run, order, s.key()).await
         })
         .await?;
-        *replayed |= self.tally.charge.count(&ran, &AtomicBool::new(false));
+        *replayed |= self.tally.charge.count(ran.into_inner(), false);
         Ok(charge)
     }
 
@@ -296,7 +293,7 @@ impl Checkout {
             })
             .await?
         };
-        *replayed |= self.tally.reserve.count(&ran, &AtomicBool::new(false));
+        *replayed |= self.tally.reserve.count(ran.into_inner(), false);
         Ok(reserved)
     }
 
@@ -328,7 +325,10 @@ impl Checkout {
                 Ok::<_, CheckoutError>(order)
             })
             .await?;
-        *replayed |= self.tally.mail.count(&ran, &verified);
+        *replayed |= self
+            .tally
+            .mail
+            .count(ran.into_inner(), verified.into_inner());
         Ok(mailed)
     }
 
