@@ -293,6 +293,8 @@ async fn killed_three_times(store: &str, transactional: bool, label: &str) {
         at_kills.push(kill_at_random(&ledger, store, &run, transactional, &mut rng).await);
     }
     let summary = finish(store, &run, transactional).await;
+    // The same command once more: every order replays, nothing runs.
+    let again = finish(store, &run, transactional).await;
     let c = counts(&ledger, &run).await;
     clean_up(&ledger, store, &run).await;
     println!(
@@ -321,6 +323,11 @@ async fn killed_three_times(store: &str, transactional: bool, label: &str) {
     assert!(
         get("orders_replayed") as i64 >= at_kills[2] - 3 * 8,
         "{summary:?}"
+    );
+    assert!(
+        again.contains(&("orders_replayed".to_string(), ORDERS))
+            && again.contains(&("bodies_ran".to_string(), 0)),
+        "{again:?}"
     );
 }
 
