@@ -42,8 +42,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_runtime::store::sql::sqlx::{self, PgPool};
-use idem_runtime::{Idem, Options, StepCtx, Verified, step};
+use idem_runtime::store::sql::sqlx::{self, PgPool, Postgres, Transaction};
+use idem_runtime::{Idem, Options, StepCtx, Verified, step, step_tx};
 use serde::{Deserialize, Serialize};
 
 const USAGE: &str = "usage: checkout --store URL --ledger postgres://... --orders N --run ID \
@@ -55,6 +55,8 @@ const USAGE: &str = "usage: checkout --store URL --ledger postgres://... --order
   --transactional    reserve stock in one transaction with the step's journal entry
                      (--store must be the ledger's PostgreSQL)
   --lease-ms MS      the claims' lease, how soon a killed run's orders resume (default 2000)";
+
+const RESERVE: &str = "INSERT INTO checkout_reservations (run_id, order_id) VALUES ($1, $2)";
 
 /// Concurrent workers taking orders.
 const WORKERS: usize = 8;
@@ -278,13 +280,31 @@ impl Checkout {
     }
 
     async fn reserve_step(&self, order: u64, replayed: &mut bool) -> Result<u64, CheckoutError> {
-        let ran = AtomicBool::new(false);
+        let ran = Arc::new(AtomicBool::new(false));
         let reserved = if self.transactional {
-            self.reserve_in_store_tx(order, &ran).await?
+            // The insert and the step's journal entry commit in one transaction of the
+            // store's database: a kill leaves both or neither, so the row is never
+            // doubled. The closure owns what it uses, as the transaction's future must.
+            let (run, flag) = (self.run.clone(), ran.clone());
+            step_tx(
+                "reserve",
+                move |_, tx: &mut Transaction<'static, Postgres>| {
+                    Box::pin(async move {
+                        flag.store(true, Ordering::Relaxed);
+                        sqlx::query(RESERVE)
+                            .bind(run)
+                            .bind(order as i64)
+                            .execute(&mut **tx)
+                            .await?;
+                        Ok::<_, CheckoutError>(order)
+                    })
+                },
+            )
+            .await?
         } else {
             step("reserve", |_| async {
                 ran.store(true, Ordering::Relaxed);
-                sqlx::query("INSERT INTO checkout_reservations (run_id, order_id) VALUES ($1, $2)")
+                sqlx::query(RESERVE)
                     .bind(&self.run)
                     .bind(order as i64)
                     .execute(&self.ledger)
@@ -293,17 +313,8 @@ impl Checkout {
             })
             .await?
         };
-        *replayed |= self.tally.reserve.count(ran.into_inner(), false);
+        *replayed |= self.tally.reserve.count(ran.load(Ordering::Relaxed), false);
         Ok(reserved)
-    }
-
-    async fn reserve_in_store_tx(
-        &self,
-        order: u64,
-        ran: &AtomicBool,
-    ) -> Result<u64, CheckoutError> {
-        let _ = (order, ran);
-        Err(idem_runtime::Error::Unsupported("transactional steps (step_tx)").into())
     }
 
     async fn mail_step(&self, order: u64, replayed: &mut bool) -> Result<u64, CheckoutError> {
@@ -400,43 +411,46 @@ async fn ledger(url: &str) -> Result<PgPool, sqlx::Error> {
 
 /// The store `--store` names. With `--transactional` the reservation is written through
 /// the store's pool, so a store on another database than the ledger the rows are
-/// counted in is refused.
+/// counted in is refused, before idem creates its tables there.
 async fn store(args: &Args, ledger: &PgPool) -> Result<Arc<dyn idem_runtime::Store>, String> {
-    if !args.transactional {
-        return idem_runtime::store::connect(&args.store)
-            .await
-            .map_err(|e| format!("store {}: {e}", args.store));
+    if args.transactional {
+        same_database(&args.store, ledger).await?;
     }
-    let store = idem_runtime::SqlStore::connect(&args.store)
+    idem_runtime::store::connect(&args.store)
         .await
-        .map_err(|e| format!("store {}: {e}", args.store))?;
-    let pool = store
-        .pg_pool()
-        .ok_or("--transactional needs a PostgreSQL store")?;
+        .map_err(|e| format!("store {}: {e}", args.store))
+}
+
+async fn same_database(store: &str, ledger: &PgPool) -> Result<(), String> {
+    use sqlx::Connection as _;
     let identity = "SELECT current_database()::text, pg_postmaster_start_time()::text";
-    let ours: (String, String) = sqlx::query_as(identity)
-        .fetch_one(pool)
+    let mut conn = sqlx::PgConnection::connect(store)
         .await
-        .map_err(|e| format!("store {}: {e}", args.store))?;
+        .map_err(|e| format!("store {store}: {e}"))?;
+    let ours: (String, String) = sqlx::query_as(identity)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| format!("store {store}: {e}"))?;
+    let _ = conn.close().await;
     let theirs: (String, String) = sqlx::query_as(identity)
         .fetch_one(ledger)
         .await
-        .map_err(|e| format!("ledger {}: {e}", args.ledger))?;
-    if ours != theirs {
-        return Err(format!(
-            "--transactional commits the reservation with the step's journal entry in the \
-             store's database, so --store and --ledger must name the same PostgreSQL \
-             database; they name {:?} and {:?}{}",
-            ours.0,
-            theirs.0,
-            if ours.0 == theirs.0 {
-                " on two servers"
-            } else {
-                ""
-            }
-        ));
+        .map_err(|e| format!("ledger: {e}"))?;
+    if ours == theirs {
+        return Ok(());
     }
-    Ok(Arc::new(store))
+    Err(format!(
+        "--transactional commits the reservation with the step's journal entry in the \
+         store's database, so --store and --ledger must name the same PostgreSQL database; \
+         they name {:?} and {:?}{}",
+        ours.0,
+        theirs.0,
+        if ours.0 == theirs.0 {
+            " on two servers"
+        } else {
+            ""
+        }
+    ))
 }
 
 #[tokio::main]
