@@ -223,7 +223,9 @@ impl Checkout {
                 }
                 Err(e) if e.is_retryable() && attempt < ATTEMPTS => {
                     self.tally.retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(order, attempt, error = %e, "trying the order again");
+                    // Rare: the wait outlasts a killed run's lease, so this is store or
+                    // ledger trouble, or a claim lost under load.
+                    tracing::warn!(order, attempt, error = %e, "trying the order again");
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                 }
                 Err(e) => {

@@ -148,6 +148,8 @@ async fn finish(store: &str, run: &str, transactional: bool) -> Vec<(String, u64
         .expect("the last run finishes")
         .expect("run the checkout example");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // Retries and their causes, if any.
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success(),
         "the last run failed ({}):\n{stdout}\n{}",
