@@ -8,16 +8,19 @@
 //!
 //! - **empty body**: the body returns its result at once;
 //! - **3 steps**: the body runs three [`step`]s, each returning a small receipt;
-//! - **3 raw writes**: the body writes the same three receipts itself, owner-less, beside
-//!   the record and in the journal's shape, through the store's own connections:
+//! - **3 raw writes**: the body writes the same three receipts itself, owner-less, where
+//!   and as the journal would, through the store's own connections:
 //!   - memory: an entry (name, serialized value, time) in an in-process map sharded and
-//!     keyed like MemoryStore's journals (the record's digest), under a `std` mutex;
-//!   - Redis: `SET <record>:raw:<name> <entry> PX <ttl>` through `RedisStore::command`
-//!     (one command, one round trip; the entry is the journal's: kind, 15 digits of
-//!     milliseconds, value; it expires like the journal does);
-//!   - PostgreSQL: `INSERT … ON CONFLICT (id, name) DO UPDATE` of (record digest, name,
-//!     value, time by the database's clock) into a table of the run's own, through the
-//!     store's pool;
+//!     keyed like MemoryStore's journals (by the record's digest), under a `std` mutex
+//!     (MemoryStore's journals cannot be written from outside);
+//!   - Redis: `HSET <record>:steps <name> <entry>` through `RedisStore::command`: the
+//!     journal's own hash and entry bytes (kind, 15 digits of milliseconds, value), one
+//!     command and one round trip; the completion deletes the hash, as it does a
+//!     journal;
+//!   - PostgreSQL: SqlStore's own step `UPDATE` (`PG_RAW_WRITE` here) without its owner,
+//!     state, lease and expiry checks: the entry, in the journal's format and stamped
+//!     by the database's clock, appended to the `steps` column of the record's own row
+//!     through the store's pool;
 //! - **resume**: a body whose first 2 of 3 steps are already journaled. Before each
 //!   measured call, unmeasured, a first attempt at the same key runs two steps and
 //!   returns `Err`, which releases the key and keeps the journal; the measured attempt
@@ -206,7 +209,7 @@ pub(crate) async fn run(args: &Args, report: &mut Report) {
     report.section("Durable steps (`--cases steps`)", body);
 }
 
-/// The PostgreSQL cases: the store, a raw table of the run's own, the cases, clean-up.
+/// The PostgreSQL cases: the store, the cases, clean-up.
 async fn postgres(
     report: &mut Report,
     table: &mut Vec<Vec<String>>,
@@ -223,27 +226,6 @@ async fn postgres(
     let Some(pool) = store.pg_pool().cloned() else {
         return Err(idem_runtime::Error::Config("not a PostgreSQL pool".into()));
     };
-    let raw_table = format!("idem_bench_steps_{}", load::run_tag());
-    let exec = |sql: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .map(drop)
-                .map_err(idem_runtime::Error::store)
-        }
-    };
-    exec(format!(
-        "CREATE TABLE IF NOT EXISTS {raw_table} (id BYTEA NOT NULL, name TEXT NOT NULL, \
-         value BYTEA, at_us BIGINT NOT NULL, PRIMARY KEY (id, name))"
-    ))
-    .await?;
-    let insert: Arc<str> = Arc::from(format!(
-        "INSERT INTO {raw_table} (id, name, value, at_us) \
-         VALUES ($1, $2, $3, (extract(epoch from clock_timestamp()) * 1000000)::bigint) \
-         ON CONFLICT (id, name) DO UPDATE SET value = EXCLUDED.value, at_us = EXCLUDED.at_us"
-    ));
     let idem = Idem::builder()
         .store(store.clone())
         .namespace(ns.to_owned())
@@ -254,16 +236,17 @@ async fn postgres(
         "postgres",
         plan,
         &idem,
-        &Raw::Postgres {
-            pool: pool.clone(),
-            insert,
-        },
+        &Raw::Postgres(pool.clone()),
     )
     .await;
-    // Leave nothing behind: the raw table and the run's records (completed records hold
-    // no journal: a completion drops it).
-    exec(format!("DROP TABLE IF EXISTS {raw_table}")).await?;
-    exec(format!("DELETE FROM idem_records WHERE namespace = '{ns}'")).await?;
+    // Leave nothing behind: the run's records (a completion drops a journal with its
+    // record's value, so no journal outlives them).
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM idem_records WHERE namespace = '{ns}'"
+    )))
+    .execute(&pool)
+    .await
+    .map_err(idem_runtime::Error::store)?;
     store.close().await;
     Ok(())
 }
@@ -366,11 +349,20 @@ fn fmt_ns(ns: f64) -> String {
 enum Raw {
     Memory(Arc<RawMap>),
     Redis(RedisStore),
-    Postgres {
-        pool: sqlx::PgPool,
-        insert: Arc<str>,
-    },
+    Postgres(sqlx::PgPool),
 }
+
+/// SqlStore's step write (`WRITE_STEP` in its postgres.rs) without its checks: it
+/// appends the entry, stamped with the database's clock, to the `steps` column of the
+/// record's own row and sets the journal's expiry, whoever holds the row and whatever
+/// its state or lease, and whether or not an older journal expired.
+const PG_RAW_WRITE: &str = "\
+WITH t AS (SELECT (extract(epoch from now()) * 1000000)::int8 AS now)
+UPDATE idem_records r SET
+    steps = coalesce(r.steps, ''::bytea) || convert_to(lpad(t.now::text, 16, '0'), 'UTF8') || $2,
+    steps_expires_us = t.now + $3
+FROM t
+WHERE r.id = $1";
 
 impl Raw {
     /// One owner-less write of step `name`'s `value` beside `key`'s record.
@@ -382,31 +374,47 @@ impl Raw {
                 Ok(())
             }
             Raw::Redis(store) => {
-                // The journal's entry: `d`, 15 digits of milliseconds, the value.
+                // The journal's entry (`d`, 15 digits of milliseconds, the value), in the
+                // journal's own hash, which the completion deletes as it does a journal.
                 let ms = SystemTime::now()
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis());
                 let mut entry = format!("d{ms:015}").into_bytes();
                 entry.extend_from_slice(&json);
-                let mut set = redis::cmd("SET");
-                set.arg(format!("{}:raw:{name}", store.record_name(key)))
-                    .arg(entry)
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64);
+                let mut hset = redis::cmd("HSET");
+                hset.arg(format!("{}:steps", store.record_name(key)))
+                    .arg(name)
+                    .arg(entry);
                 store
-                    .command::<redis::Value>(&set)
+                    .command::<redis::Value>(&hset)
                     .await
                     .map(drop)
-                    .map_err(|e| BenchError::of("raw SET", e))
+                    .map_err(|e| BenchError::of("raw HSET", e))
             }
-            Raw::Postgres { pool, insert } => sqlx::query(AssertSqlSafe(insert.to_string()))
-                .bind(&key.digest()[..])
-                .bind(name)
-                .bind(json)
-                .execute(pool)
-                .await
-                .map(drop)
-                .map_err(|e| BenchError::of("raw INSERT", e)),
+            Raw::Postgres(pool) => {
+                // The journal's entry as SqlStore sends it: kind, name length (u16 BE),
+                // name, value length (u32 BE), value.
+                let mut entry = Vec::with_capacity(7 + name.len() + json.len());
+                entry.push(b'd');
+                entry.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                entry.extend_from_slice(name.as_bytes());
+                entry.extend_from_slice(&(json.len() as u32).to_be_bytes());
+                entry.extend_from_slice(&json);
+                let done = sqlx::query(PG_RAW_WRITE)
+                    .bind(&key.digest()[..])
+                    .bind(entry)
+                    .bind(TTL.as_micros() as i64)
+                    .execute(pool)
+                    .await
+                    .map_err(|e| BenchError::of("raw UPDATE", e))?;
+                if done.rows_affected() == 1 {
+                    Ok(())
+                } else {
+                    Err(BenchError(format!(
+                        "raw UPDATE found no record row for call {key}"
+                    )))
+                }
+            }
         }
     }
 
