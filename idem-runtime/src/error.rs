@@ -107,12 +107,14 @@ pub enum Error {
     #[error("this store does not support {0}")]
     Unsupported(&'static str),
     /// [`step`](crate::step) was called where no claim is held: outside an idempotent
-    /// call, in a lock's body (which runs on every call, so it keeps no journal), or in
+    /// call, in a lock's body (which runs on every call, so it keeps no journal), in a
+    /// transactional-mode body (its claim is uncommitted until the body's writes commit
+    /// with it, so a journal written there would roll back with a failed attempt), or in
     /// a task spawned from the body. A step never runs unjournaled.
     #[error(
         "step {step:?} runs outside a claimed body: call it inside an #[idempotent] dedup \
          or token body, Idem::dedup, or a handler of idem-http or idem-consumer (not in a \
-         lock's body, nor in a task spawned from the body)"
+         lock's body, a transactional-mode body, nor a task spawned from the body)"
     )]
     StepOutsideClaim {
         /// The step's name.

@@ -127,6 +127,12 @@ pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_o
 )]
 pub use strategy::state_machine::StateColumn;
 pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use strategy::step::step_tx;
 pub use strategy::step::{StepCtx, Verified, step};
 
 /// The README's examples, compiled and run as doctests.

@@ -128,6 +128,7 @@ macro_rules! __conformance_cases {
             steps::verified_step_with_intent_asks_verify,
             steps::step_misuse_is_an_error,
             steps::steps_resume_a_returned_token,
+            steps::forget_drops_the_journal,
         }
     };
 }

@@ -69,4 +69,34 @@ pub trait TransactionalStore: Send + Sync {
 
     /// The transaction that completed `key` has committed: wake whoever waits on it.
     fn committed(&self, key: &Key);
+
+    /// Begins a transaction of the store's database for a transactional step
+    /// ([`step_tx`](crate::step_tx)): a boxed `sqlx::Transaction<'static, DB>` of the
+    /// store's own database (`DB` the sqlx database type), on one of its pooled
+    /// connections.
+    fn begin_step(&self) -> BoxFuture<'_, Result<Box<TxConnection>, Error>> {
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "transactional steps",
+        ))))
+    }
+
+    /// If `owner` holds `key` with a live lease, journals step `name` with `value` inside
+    /// the transaction on `conn` (under the record's row lock, so it commits with the
+    /// step's writes) and makes the journal expire `ttl` from now; returns `true`.
+    /// Otherwise changes nothing and returns `false`. The same contract as
+    /// [`JournalStore::write_step`](super::JournalStore::write_step), in a transaction.
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        name: &'a str,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let _ = (conn, key, owner, name, value, ttl);
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "transactional steps",
+        ))))
+    }
 }

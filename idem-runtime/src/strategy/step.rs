@@ -180,6 +180,16 @@ where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
 {
+    observed(name, |start| attempt(start, name, verify, f)).await
+}
+
+/// Starts step `name` in this task's claimed body and runs `attempt` with it, in the
+/// step's span, counting its outcome.
+async fn observed<T, E, A>(name: &str, attempt: impl FnOnce(StepStart) -> A) -> Result<T, E>
+where
+    A: Future<Output = Result<(T, StepOutcome), E>>,
+    E: From<Error>,
+{
     let start = match call_ctx::start_step(name) {
         Ok(start) => start,
         Err(e) => {
@@ -189,9 +199,7 @@ where
     };
     let function = start.function;
     let span = observe::step_span(function, name);
-    let out = attempt(start, name, verify, f)
-        .instrument(span.clone())
-        .await;
+    let out = attempt(start).instrument(span.clone()).await;
     let _entered = span.enter();
     match out {
         Ok((value, outcome)) => {
@@ -291,6 +299,107 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
         }
         None => Err(Error::Unsupported("durable steps (a step journal)")),
     }
+}
+
+/// Runs `f` as the *transactional* durable step `name`: in a transaction of the store's
+/// own SQL database, whose writes commit together with the step's journal entry. The
+/// entry is written inside that transaction, owner-checked under the record's row lock,
+/// just before the commit: a crash at any moment leaves both the step's writes and its
+/// entry, or neither. This is exactly-once for a step whose effect is a write in the
+/// same database as the store.
+///
+/// `f` gets the step's [`StepCtx`] and the open transaction, and returns its future
+/// boxed (as [`SqlStore::transaction`](crate::SqlStore::transaction) bodies do, so the
+/// future may borrow the transaction). An `Err` from `f` rolls the transaction back and
+/// is returned, not journaled. A step already journaled replays its value without
+/// opening a transaction.
+///
+/// Errors, besides those of [`step`]: [`Error::Unsupported`] if the store is not a SQL
+/// store; [`Error::Config`] if `DB` is not the store's database; [`Error::LeaseLost`] if
+/// the claim was lost before the entry was written (the transaction is rolled back, so
+/// the step's writes are undone); a store error if the commit fails (its outcome is then
+/// unknown, and a later attempt replays the step or runs it again: never both).
+///
+/// ```no_run
+/// # async fn demo(store: idem_runtime::SqlStore) -> Result<(), idem_runtime::Error> {
+/// use idem_runtime::{Error, Idem, Options, sqlx, step_tx};
+/// static RESERVE: Options = Options::dedup("shop::reserve");
+/// let idem = Idem::builder().store(store).build();
+/// idem.dedup(&RESERVE, "order-7", async {
+///     step_tx("reserve", |_s, tx: &mut sqlx::Transaction<'static, sqlx::Postgres>| {
+///         Box::pin(async move {
+///             sqlx::query("INSERT INTO reservations (order_id) VALUES (7)")
+///                 .execute(&mut **tx)
+///                 .await
+///                 .map_err(Error::store)?;
+///             Ok::<_, Error>(())
+///         })
+///     })
+///     .await
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub async fn step_tx<DB, T, E, F>(name: &str, f: F) -> Result<T, E>
+where
+    DB: crate::store::sql::TxDatabase,
+    F: for<'c> FnOnce(
+        StepCtx,
+        &'c mut sqlx::Transaction<'static, DB>,
+    ) -> crate::store::sql::TxFuture<'c, T, E>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    observed(name, |start| tx_attempt(start, name, f)).await
+}
+
+/// One transactional step: replay, or run, journal and commit in one transaction.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+async fn tx_attempt<DB, T, E, F>(start: StepStart, name: &str, f: F) -> Result<(T, StepOutcome), E>
+where
+    DB: crate::store::sql::TxDatabase,
+    F: for<'c> FnOnce(
+        StepCtx,
+        &'c mut sqlx::Transaction<'static, DB>,
+    ) -> crate::store::sql::TxFuture<'c, T, E>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    let key = start.key;
+    if let Some(Some(bytes)) = &start.journaled {
+        return Ok((decode_step::<T>(&key, bytes)?, StepOutcome::Replayed));
+    }
+    let Some(store) = start.store.transactional() else {
+        return Err(Error::Unsupported("transactional steps (a SQL store)").into());
+    };
+    let mut tx: Box<sqlx::Transaction<'static, DB>> =
+        store.begin_step().await?.downcast().map_err(|_| {
+            Error::Config(format!(
+                "step {name:?} asks for a transaction of another database than the store's ({})",
+                start.store.name()
+            ))
+        })?;
+    let ctx = StepCtx {
+        key: call_ctx::step_key(&key, name),
+    };
+    // An `Err`, or a panic, drops the transaction: rolled back.
+    let value = f(ctx, &mut tx).await?;
+    let bytes = encode_step(&key, &value)?;
+    let conn: &mut DB::Connection = &mut tx;
+    if !store
+        .write_step_in(conn, &key, start.owner, name, &bytes, start.ttl)
+        .await?
+    {
+        observe::lease_lost();
+        return Err(Error::LeaseLost { key }.into());
+    }
+    tx.commit().await.map_err(Error::store)?;
+    Ok((value, StepOutcome::Ran))
 }
 
 /// A claim's answer as the strategies get it: the outcome (`None`: the wait ran out),

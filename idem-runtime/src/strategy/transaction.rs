@@ -51,8 +51,9 @@ where
     C: Codec<T, E>,
 {
     match outcome {
-        // A journal is resumed by step frames, which transactional mode does not open
-        // yet (no SQL store keeps a journal), so a resumed claim is a claim here.
+        // Transactional mode opens no step frame: its claim is uncommitted until the
+        // body's writes commit with it, so a journal written in it would roll back with
+        // a failed attempt. A journal a normal-mode attempt left is not replayed here.
         Some(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) => Ok(None),
         Some(ClaimOutcome::Completed {
             value,

@@ -221,9 +221,10 @@ macro_rules! sql_store_tests {
             let idem2 = idem_for(&stores[3], idem.namespace());
             let v: u64 = idem2.dedup(&DEDUP, "k", async { Ok::<_, Error>(4) }).await.unwrap();
             assert_eq!(v, 3, "replayed from the same table");
-            // Migrations 1 (records) and 2 (toolbox values and states), each applied once.
+            // Migrations 1 (records), 2 (toolbox values and states) and 3 (step
+            // journals), each applied once.
             let applied = count(&stores[1], "SELECT COUNT(*) FROM _idem_migrations".into()).await;
-            assert_eq!(applied, 2);
+            assert_eq!(applied, 3);
             for s in &stores {
                 s.close().await;
             }
@@ -538,6 +539,100 @@ macro_rules! sql_store_tests {
         }
 
         static CRASH: Options = Options::dedup("sql::crash").wait(Duration::from_secs(60));
+
+        static CHECKOUT: Options = Options::dedup("sql::checkout");
+
+        /// Inserts one reservation row in the step's transaction, counting the runs.
+        /// (The step's closure may borrow only the transaction, as `SqlStore::transaction`
+        /// bodies: what else it uses, it owns.)
+        fn reserve<'c>(
+            tx: &'c mut Transaction<'static, $db>,
+            table: String,
+            runs: Arc<AtomicUsize>,
+            fail: bool,
+        ) -> idem_runtime::store::sql::TxFuture<'c, u64, Error> {
+            Box::pin(async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} (k, n) VALUES ('r', 1)")))
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(Error::store)?;
+                if fail {
+                    return Err(Error::Config("the gateway declined".into()));
+                }
+                Ok(7)
+            })
+        }
+
+        /// A transactional step's write and its journal entry commit together: a later
+        /// failure of the body keeps both, and the retry replays the step (its write is
+        /// not repeated); a step that fails rolls its own write back and runs again.
+        #[tokio::test]
+        async fn transactional_step_commits_with_its_journal_entry() {
+            let s = store().await;
+            let table = format!("idem_resv_{}", support::suffix());
+            exec(&s, format!("CREATE TABLE {table} (k VARCHAR(64) NOT NULL, n BIGINT NOT NULL)")).await;
+            let idem = idem_for(&s, &unique("txstep"));
+            let runs = Arc::new(AtomicUsize::new(0));
+            let after = AtomicUsize::new(0);
+            let attempt = |fail_step: bool, fail_after: bool| {
+                let (table, runs, after) = (table.clone(), runs.clone(), &after);
+                idem.dedup(&CHECKOUT, "order-1", async move {
+                    let r: u64 = idem_runtime::step_tx(
+                        "reserve",
+                        |_s, tx: &mut Transaction<'static, $db>| reserve(tx, table, runs, fail_step),
+                    )
+                    .await?;
+                    after.fetch_add(1, Ordering::SeqCst);
+                    if fail_after {
+                        return Err(Error::Config("the mail server is down".into()));
+                    }
+                    Ok::<u64, Error>(r + 1)
+                })
+            };
+            // The step fails: its row rolls back, nothing is journaled.
+            let r = attempt(true, false).await;
+            assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+            assert_eq!(count(&s, format!("SELECT COUNT(*) FROM {table}")).await, 0);
+            // The step commits, then the body fails.
+            let r = attempt(false, true).await;
+            assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+            assert_eq!(count(&s, format!("SELECT COUNT(*) FROM {table}")).await, 1);
+            // The retry replays the step from the journal: no second row.
+            assert_eq!(attempt(false, false).await.unwrap(), 8);
+            assert_eq!(runs.load(Ordering::SeqCst), 2, "the failed run and the committed one");
+            assert_eq!(after.load(Ordering::SeqCst), 2);
+            assert_eq!(count(&s, format!("SELECT COUNT(*) FROM {table}")).await, 1);
+            let key = idem.key(&CHECKOUT, format_args!("order-1"));
+            let left = s.journal().unwrap().read_journal(&key).await.unwrap();
+            assert!(left.is_empty(), "completion drops the journal: {left:?}");
+            exec(&s, format!("DROP TABLE {table}")).await;
+        }
+
+        /// A transactional step whose claim is gone when it is about to journal (here the
+        /// operator forgot the key) rolls its write back and reports the lost lease.
+        #[tokio::test]
+        async fn transactional_step_without_its_claim_rolls_back() {
+            let s = store().await;
+            let table = format!("idem_resv_{}", support::suffix());
+            exec(&s, format!("CREATE TABLE {table} (k VARCHAR(64) NOT NULL, n BIGINT NOT NULL)")).await;
+            let idem = idem_for(&s, &unique("txlost"));
+            let runs = Arc::new(AtomicUsize::new(0));
+            let (t, r, i) = (table.clone(), runs.clone(), &idem);
+            let out: Result<u64, Error> = idem
+                .dedup(&CHECKOUT, "order-2", async move {
+                    i.forget(&CHECKOUT, "order-2").await?;
+                    idem_runtime::step_tx("reserve", |_s, tx: &mut Transaction<'static, $db>| {
+                        reserve(tx, t, r, false)
+                    })
+                    .await
+                })
+                .await;
+            assert!(matches!(out, Err(Error::LeaseLost { .. })), "{out:?}");
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            assert_eq!(count(&s, format!("SELECT COUNT(*) FROM {table}")).await, 0, "rolled back");
+            exec(&s, format!("DROP TABLE {table}")).await;
+        }
 
         async fn crash_body(
             tx: &mut Transaction<'static, $db>,

@@ -104,6 +104,34 @@ pub(super) trait Dialect: Send + Sync + 'static {
         sql: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// Appends `entry` (see the `journal` module) to the step journal of `key` if
+    /// `owner` holds it with a live lease, and makes the journal expire `ttl` from now.
+    /// One owner-checked `UPDATE` of the record's row.
+    fn write_step<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The same, inside the transaction on `conn` (a transactional step).
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The `steps` column of `key`'s row while its journal lives.
+    fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Vec<u8>>, Error>>;
+
+    /// Begins a transaction on a pooled connection: a boxed
+    /// `sqlx::Transaction<'static, DB>` of this database (a transactional step's).
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Any + Send>, Error>>;
+
     /// Waits for connections in use to be returned, then closes them.
     fn close(&self) -> BoxFuture<'_, ()>;
 }

@@ -57,6 +57,7 @@ mod batch;
 mod caller_tx;
 mod dialect;
 mod inspection;
+mod journal;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod own_tx;

@@ -49,6 +49,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("mysql_v2.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            "idem step journals".into(),
+            MigrationType::Simple,
+            include_str!("mysql_v3.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     m.set_ignore_missing(true);
@@ -155,7 +162,9 @@ const CLAIM_RETURNING: &str = claim_sql!(concat!(
     now!(),
     " AS remaining_us, lease_us - ",
     now!(),
-    " AS lease_left_us"
+    " AS lease_left_us, IF(steps_expires_us > ",
+    now!(),
+    ", steps, NULL) AS steps"
 ));
 const CLAIM_PLAIN: &str = claim_sql!("");
 /// MariaDB, on its own (autocommit): a key held by an uncommitted transactional-mode
@@ -168,7 +177,9 @@ const CLAIM_RETURNING_BOUNDED: &str = concat!(
         now!(),
         " AS remaining_us, lease_us - ",
         now!(),
-        " AS lease_left_us"
+        " AS lease_left_us, IF(steps_expires_us > ",
+        now!(),
+        ", steps, NULL) AS steps"
     ))
 );
 
@@ -177,7 +188,9 @@ const SELECT: &str = concat!(
     now!(),
     " AS remaining_us, lease_us - ",
     now!(),
-    " AS lease_left_us FROM idem_records WHERE id = ?"
+    " AS lease_left_us, IF(steps_expires_us > ",
+    now!(),
+    ", steps, NULL) AS steps FROM idem_records WHERE id = ?"
 );
 
 const CLAIM_TOKEN: &str = concat!(
@@ -213,6 +226,7 @@ fn snapshot(key: &Key, row: &MySqlRow, owner: &[u8; 16]) -> Result<Snapshot, Err
             value: row.try_get("value")?,
             remaining_us: row.try_get("remaining_us")?,
             lease_left_us,
+            steps: row.try_get("steps")?,
         })
     };
     get().map_err(|e| sql_err(Some(key), e))
@@ -242,7 +256,7 @@ pub(super) async fn claim(
     let fp = req.fingerprint.as_ref().map(|f| &f.0[..]);
     let lease = us(req.lease);
     if req.kind == ClaimKind::Token {
-        let r = sqlx::query(CLAIM_TOKEN)
+        sqlx::query(CLAIM_TOKEN)
             .bind(lease)
             .bind(&owner[..])
             .bind(fp)
@@ -251,12 +265,8 @@ pub(super) async fn claim(
             .execute(&mut *conn)
             .await
             .map_err(|e| sql_err(Some(key), e))?;
-        if r.rows_affected() == 1 {
-            return Ok(Some(Snapshot {
-                claimed: true,
-                ..Snapshot::default()
-            }));
-        }
+        // Taken or not, the row says so (it names this owner), and carries the journal
+        // a takeover resumes: `UPDATE` has no `RETURNING` here.
         return read(conn, key, &owner).await;
     }
     let q = sqlx::query(match (returning, in_tx) {
@@ -287,7 +297,8 @@ pub(super) async fn claim(
 }
 
 const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, expires_us = ",
+    "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, steps = NULL, \
+     steps_expires_us = NULL, expires_us = ",
     now!(),
     " + ? WHERE id = ? AND state = 2 AND owner = ? AND lease_us > ",
     now!()
@@ -457,7 +468,9 @@ pub(super) async fn issue(
 const PURGE: &str = concat!(
     "DELETE FROM idem_records WHERE expires_us <= ",
     now!(),
-    " ORDER BY expires_us LIMIT ?"
+    " AND (steps_expires_us IS NULL OR steps_expires_us <= ",
+    now!(),
+    ") ORDER BY expires_us LIMIT ?"
 );
 
 pub(super) async fn purge(pool: &MySqlPool, batch: i64) -> Result<u64, Error> {
@@ -468,6 +481,49 @@ pub(super) async fn purge(pool: &MySqlPool, batch: i64) -> Result<u64, Error> {
         .map_err(Error::store)?;
     Ok(r.rows_affected())
 }
+
+// ---- Step journals (the `journal` module): in the record's row. ----
+
+/// Appends a step entry if the caller holds the record with a live lease (a dedup or
+/// token claim), under the row's lock. `steps` is assigned before `steps_expires_us`, so
+/// it sees the old expiry: a journal past it starts afresh.
+const WRITE_STEP: &str = concat!(
+    "UPDATE idem_records SET
+    steps = CONCAT(IF(steps_expires_us > ",
+    now!(),
+    ", steps, ''), LPAD(",
+    now!(),
+    ", 16, '0'), ?),
+    steps_expires_us = ",
+    now!(),
+    " + ?
+WHERE id = ? AND state = 2 AND owner = ? AND kind <> 1 AND lease_us > ",
+    now!()
+);
+
+async fn write_step(
+    conn: &mut MySqlConnection,
+    key: &Key,
+    owner: Owner,
+    entry: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    // Rows *matched* are reported (CLIENT_FOUND_ROWS), as for `COMPLETE`.
+    let r = sqlx::query(WRITE_STEP)
+        .bind(entry)
+        .bind(us(ttl))
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const READ_JOURNAL: &str = concat!(
+    "SELECT steps FROM idem_records WHERE id = ? AND steps_expires_us > ",
+    now!()
+);
 
 // ---- Operator statements (inspect, forget, stats): one statement each. ----
 
@@ -492,8 +548,8 @@ pub(super) async fn inspect(pool: &MySqlPool, key: &Key) -> Result<Option<Inspec
     row.map(|r| Inspected::from_row(key, &r)).transpose()
 }
 
-/// Frees the row whoever holds it: a lock keeps its row (and so its fence) for
-/// `LOCK_RETENTION`; anything else is left to expire now.
+/// Frees the row whoever holds it, and drops its step journal: a lock keeps its row
+/// (and so its fence) for `LOCK_RETENTION`; anything else is left to expire now.
 const FORGET: &str = concat!(
     "UPDATE idem_records SET
     expires_us = CASE WHEN kind = 1 THEN ",
@@ -502,9 +558,18 @@ const FORGET: &str = concat!(
     now!(),
     " END,
     state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
-    token_expires_us = NULL
+    token_expires_us = NULL, steps = NULL, steps_expires_us = NULL
 WHERE id = ? AND state <> 0 AND expires_us > ",
     now!()
+);
+
+/// After [`FORGET`]: the journal a released or expired record left (nobody holds it, so
+/// no step write can come between; a holder that took the row meanwhile keeps its own).
+const FORGET_JOURNAL: &str = concat!(
+    "UPDATE idem_records SET steps = NULL, steps_expires_us = NULL
+WHERE id = ? AND steps IS NOT NULL AND NOT (state = 2 AND lease_us > ",
+    now!(),
+    ")"
 );
 
 pub(super) async fn forget(pool: &MySqlPool, key: &Key) -> Result<bool, Error> {
@@ -514,6 +579,13 @@ pub(super) async fn forget(pool: &MySqlPool, key: &Key) -> Result<bool, Error> {
         .execute(pool)
         .await
         .map_err(|e| sql_err(Some(key), e))?;
+    if r.rows_affected() == 0 {
+        sqlx::query(FORGET_JOURNAL)
+            .bind(&key.digest()[..])
+            .execute(pool)
+            .await
+            .map_err(|e| sql_err(Some(key), e))?;
+    }
     Ok(r.rows_affected() == 1)
 }
 
@@ -674,6 +746,51 @@ impl super::dialect::Dialect for MySqlDialect {
                 .await
                 .map(drop)
                 .map_err(Error::store)
+        })
+    }
+
+    fn write_step<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await.map_err(Error::store)?;
+            write_step(&mut conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<MySqlConnection>(self.name(), conn)?;
+            write_step(conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Vec<u8>>, Error>> {
+        Box::pin(async move {
+            let steps: Option<Option<Vec<u8>>> = sqlx::query_scalar(READ_JOURNAL)
+                .bind(&key.digest()[..])
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| sql_err(Some(key), e))?;
+            Ok(steps.flatten())
+        })
+    }
+
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+        Box::pin(async move {
+            let tx = self.pool.begin().await.map_err(Error::store)?;
+            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
         })
     }
 

@@ -49,6 +49,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("postgres_v2.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            "idem step journals".into(),
+            MigrationType::Simple,
+            include_str!("postgres_v3.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     // A newer idem may have added migrations; an older binary still runs on its table.
@@ -86,14 +93,15 @@ ins AS (
         token_expires_us = NULL
     -- EXCLUDED.fence is the statement's now.
     WHERE r.state = 0 OR r.expires_us <= EXCLUDED.fence
-    RETURNING r.fence
+    RETURNING r.fence, r.steps, r.steps_expires_us
 )
 SELECT TRUE AS claimed, ins.fence, 2::int2 AS state, NULL::bytea AS fingerprint,
-       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us
-FROM ins
+       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us,
+       CASE WHEN ins.steps_expires_us > t.now THEN ins.steps END AS steps
+FROM ins, t
 UNION ALL
 SELECT FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
-       cur.expires_us - t.now, cur.lease_us - t.now
+       cur.expires_us - t.now, cur.lease_us - t.now, NULL::bytea
 FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"
 )
     };
@@ -126,14 +134,15 @@ upd AS (
     FROM t
     WHERE r.id = $1 AND r.expires_us > t.now
       AND (r.state = 1 OR (r.state = 2 AND r.lease_us <= t.now))
-    RETURNING r.fence
+    RETURNING r.fence, r.steps, r.steps_expires_us
 )
 SELECT TRUE AS claimed, upd.fence, 2::int2 AS state, NULL::bytea AS fingerprint,
-       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us
-FROM upd
+       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us,
+       CASE WHEN upd.steps_expires_us > t.now THEN upd.steps END AS steps
+FROM upd, t
 UNION ALL
 SELECT FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
-       cur.expires_us - t.now, cur.lease_us - t.now
+       cur.expires_us - t.now, cur.lease_us - t.now, NULL::bytea
 FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM upd)"
 );
 
@@ -175,14 +184,15 @@ ins AS (
         token_expires_us = NULL
     -- EXCLUDED.fence is the statement's now.
     WHERE r.state = 0 OR r.expires_us <= EXCLUDED.fence
-    RETURNING r.id, r.fence
+    RETURNING r.id, r.fence, r.steps, r.steps_expires_us
 )
 SELECT ins.id, TRUE AS claimed, ins.fence, 2::int2 AS state, NULL::bytea AS fingerprint,
-       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us
-FROM ins
+       NULL::bytea AS value, 1::int8 AS remaining_us, 1::int8 AS lease_left_us,
+       CASE WHEN ins.steps_expires_us > t.now THEN ins.steps END AS steps
+FROM ins, t
 UNION ALL
 SELECT cur.id, FALSE, cur.fence, cur.state, cur.fingerprint, cur.value,
-       cur.expires_us - t.now, cur.lease_us - t.now
+       cur.expires_us - t.now, cur.lease_us - t.now, NULL::bytea
 FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = cur.id)"
 )
     };
@@ -283,6 +293,7 @@ fn read_snapshot(row: &PgRow) -> Result<Snapshot, sqlx::Error> {
         value: row.try_get("value")?,
         remaining_us: row.try_get("remaining_us")?,
         lease_left_us: row.try_get("lease_left_us")?,
+        steps: row.try_get("steps")?,
     })
 }
 
@@ -330,7 +341,8 @@ pub(super) async fn claim(
 }
 
 const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = $3, lease_us = NULL, expires_us = ",
+    "UPDATE idem_records SET state = 3, value = $3, lease_us = NULL, steps = NULL, \
+     steps_expires_us = NULL, expires_us = ",
     now!(),
     " + $4 WHERE id = $1 AND state = 2 AND owner = $2 AND lease_us > ",
     now!()
@@ -364,6 +376,7 @@ const COMPLETE_BATCH: &str = concat!(
     " AS now)
 UPDATE idem_records r SET
     state = 3, value = ($3::bytea[])[array_position($1::bytea[], r.id)], lease_us = NULL,
+    steps = NULL, steps_expires_us = NULL,
     expires_us = t.now + ($4::int8[])[array_position($1::bytea[], r.id)]
 FROM t
 WHERE r.id = ANY($1::bytea[]) AND r.state = 2
@@ -500,12 +513,15 @@ pub(super) async fn issue(pool: &PgPool, key: &Key, ttl: Duration) -> Result<boo
 }
 
 const PURGE: &str = concat!(
-    "DELETE FROM idem_records WHERE id IN (
-    SELECT id FROM idem_records WHERE expires_us <= ",
+    "WITH t AS (SELECT ",
     now!(),
-    " ORDER BY expires_us LIMIT $1 FOR UPDATE SKIP LOCKED
-) AND expires_us <= ",
-    now!()
+    " AS now)
+DELETE FROM idem_records WHERE id IN (
+    SELECT id FROM idem_records, t WHERE expires_us <= t.now
+        AND (steps_expires_us IS NULL OR steps_expires_us <= t.now)
+    ORDER BY expires_us LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_us <= (SELECT now FROM t)
+  AND (steps_expires_us IS NULL OR steps_expires_us <= (SELECT now FROM t))"
 );
 
 pub(super) async fn purge(pool: &PgPool, batch: i64) -> Result<u64, Error> {
@@ -516,6 +532,46 @@ pub(super) async fn purge(pool: &PgPool, batch: i64) -> Result<u64, Error> {
         .map_err(Error::store)?;
     Ok(r.rows_affected())
 }
+
+// ---- Step journals (the `journal` module): in the record's row. ----
+
+/// Appends a step entry if `$2` holds the record with a live lease (a dedup or token
+/// claim): the row's lock orders it against any takeover. A journal past its expiry
+/// starts afresh.
+const WRITE_STEP: &str = concat!(
+    "WITH t AS (SELECT ",
+    now!(),
+    " AS now)
+UPDATE idem_records r SET
+    steps = CASE WHEN r.steps_expires_us > t.now THEN r.steps ELSE ''::bytea END
+        || convert_to(lpad(t.now::text, 16, '0'), 'UTF8') || $3,
+    steps_expires_us = t.now + $4
+FROM t
+WHERE r.id = $1 AND r.state = 2 AND r.owner = $2 AND r.kind <> 1 AND r.lease_us > t.now"
+);
+
+async fn write_step(
+    conn: &mut PgConnection,
+    key: &Key,
+    owner: Owner,
+    entry: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(WRITE_STEP)
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .bind(entry)
+        .bind(us(ttl))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const READ_JOURNAL: &str = concat!(
+    "SELECT steps FROM idem_records WHERE id = $1 AND steps_expires_us > ",
+    now!()
+);
 
 // ---- Operator statements (inspect, forget, stats): one statement each. ----
 
@@ -540,28 +596,30 @@ pub(super) async fn inspect(pool: &PgPool, key: &Key) -> Result<Option<Inspected
     row.map(|r| Inspected::from_row(key, &r)).transpose()
 }
 
-/// Frees the row whoever holds it: a lock keeps its row (and so its fence) for
-/// `LOCK_RETENTION`; anything else is left to expire now.
+/// Frees the row whoever holds it, and drops its step journal: a lock keeps its row
+/// (and so its fence) for `LOCK_RETENTION`; anything else is left to expire now.
 const FORGET: &str = concat!(
     "WITH t AS (SELECT ",
     now!(),
     " AS now)
 UPDATE idem_records r SET
     state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
-    token_expires_us = NULL,
+    token_expires_us = NULL, steps = NULL, steps_expires_us = NULL,
     expires_us = CASE WHEN r.kind = 1 THEN t.now + $2 ELSE t.now END
-FROM t
-WHERE r.id = $1 AND r.state <> 0 AND r.expires_us > t.now"
+FROM t, (SELECT state, expires_us FROM idem_records WHERE id = $1) old
+WHERE r.id = $1 AND ((r.state <> 0 AND r.expires_us > t.now) OR r.steps_expires_us > t.now)
+-- Whether a record was removed (a live journal alone is dropped, and answers false).
+RETURNING old.state <> 0 AND old.expires_us > t.now"
 );
 
 pub(super) async fn forget(pool: &PgPool, key: &Key) -> Result<bool, Error> {
-    let r = sqlx::query(FORGET)
+    let removed: Option<bool> = sqlx::query_scalar(FORGET)
         .bind(&key.digest()[..])
         .bind(us(LOCK_RETENTION))
-        .execute(pool)
+        .fetch_optional(pool)
         .await
         .map_err(|e| sql_err(Some(key), e))?;
-    Ok(r.rows_affected() == 1)
+    Ok(removed == Some(true))
 }
 
 const COUNT: &str = concat!(
@@ -763,6 +821,52 @@ impl super::dialect::Dialect for PgDialect {
                 .await
                 .map(drop)
                 .map_err(Error::store)
+        })
+    }
+
+    fn write_step<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await.map_err(Error::store)?;
+            write_step(&mut conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
+            write_step(conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Vec<u8>>, Error>> {
+        Box::pin(async move {
+            let steps: Option<Option<Vec<u8>>> = sqlx::query_scalar(READ_JOURNAL)
+                .bind(&key.digest()[..])
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| sql_err(Some(key), e))?;
+            Ok(steps.flatten())
+        })
+    }
+
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+        Box::pin(async move {
+            // No lock timeout: the step's own writes wait as the user's would.
+            let tx = self.pool.begin().await.map_err(Error::store)?;
+            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
         })
     }
 

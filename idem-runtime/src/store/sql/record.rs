@@ -72,6 +72,8 @@ pub(super) struct Snapshot {
     pub(super) remaining_us: i64,
     /// `lease_us - now` for an in-progress record.
     pub(super) lease_left_us: Option<i64>,
+    /// The row's live step journal (`steps`), read with the claim that took it.
+    pub(super) steps: Option<Vec<u8>>,
 }
 
 /// Turns what a claim statement saw into an outcome. `None` means the row looked takeable
@@ -94,7 +96,14 @@ pub(super) fn decide(
             ClaimKind::Lock => {
                 u64::try_from(s.fence).map_err(|_| corrupt(key, "negative fence"))?
             }
-            _ => 0,
+            // A dedup or token claim that took a record with a live journal resumes it.
+            _ => {
+                let journal = super::journal::parse(key, s.steps.as_deref())?;
+                if !journal.is_empty() {
+                    return Ok(Some(ClaimOutcome::Resumed { journal }));
+                }
+                0
+            }
         };
         return Ok(Some(ClaimOutcome::Claimed { fence }));
     }

@@ -45,6 +45,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("sqlite_v2.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            "idem step journals".into(),
+            MigrationType::Simple,
+            include_str!("sqlite_v3.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     m.set_ignore_missing(true);
@@ -93,7 +100,9 @@ ON CONFLICT (id) DO UPDATE SET
     fingerprint = excluded.fingerprint, value = NULL,
     expires_us = excluded.expires_us, lease_us = excluded.lease_us, token_expires_us = NULL
 WHERE state = 0 OR expires_us <= excluded.fence
-RETURNING fence"
+RETURNING fence, CASE WHEN steps_expires_us > ",
+    now!(),
+    " THEN steps END AS steps"
 );
 
 const CLAIM_TOKEN: &str = concat!(
@@ -110,7 +119,9 @@ WHERE id = ?1 AND expires_us > ",
     " AND (state = 1 OR (state = 2 AND lease_us <= ",
     now!(),
     "))
-RETURNING fence"
+RETURNING fence, CASE WHEN steps_expires_us > ",
+    now!(),
+    " THEN steps END AS steps"
 );
 
 fn snapshot(key: &Key, row: &SqliteRow) -> Result<Snapshot, Error> {
@@ -123,6 +134,7 @@ fn snapshot(key: &Key, row: &SqliteRow) -> Result<Snapshot, Error> {
             value: row.try_get("value")?,
             remaining_us: row.try_get("remaining_us")?,
             lease_left_us: row.try_get("lease_left_us")?,
+            steps: None,
         })
     };
     get().map_err(|e| sql_err(Some(key), e))
@@ -186,6 +198,7 @@ pub(super) async fn claim(
         Some(r) => Ok(Some(Snapshot {
             claimed: true,
             fence: r.try_get("fence").map_err(|e| sql_err(Some(key), e))?,
+            steps: r.try_get("steps").map_err(|e| sql_err(Some(key), e))?,
             ..Snapshot::default()
         })),
         // Lost a race after the read: read again (the caller decides from it).
@@ -194,7 +207,8 @@ pub(super) async fn claim(
 }
 
 const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, expires_us = ",
+    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, steps = NULL, \
+     steps_expires_us = NULL, expires_us = ",
     now!(),
     " + ?4 WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ",
     now!()
@@ -309,7 +323,9 @@ const PURGE: &str = concat!(
     "DELETE FROM idem_records WHERE id IN (
     SELECT id FROM idem_records WHERE expires_us <= ",
     now!(),
-    " ORDER BY expires_us LIMIT ?1)"
+    " AND (steps_expires_us IS NULL OR steps_expires_us <= ",
+    now!(),
+    ") ORDER BY expires_us LIMIT ?1)"
 );
 
 pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
@@ -320,6 +336,48 @@ pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
         .map_err(Error::store)?;
     Ok(r.rows_affected())
 }
+
+// ---- Step journals (the `journal` module): in the record's row. ----
+
+/// Appends a step entry if the caller holds the record with a live lease (a dedup or
+/// token claim). A journal past its expiry starts afresh. `||` keeps a blob's bytes
+/// (NULs too) and yields text, hence the cast back.
+const WRITE_STEP: &str = concat!(
+    "UPDATE idem_records SET
+    steps = CAST(CASE WHEN steps_expires_us > ",
+    now!(),
+    " THEN steps ELSE X'' END || printf('%016d', ",
+    now!(),
+    ") || ?3 AS BLOB),
+    steps_expires_us = ",
+    now!(),
+    " + ?4
+WHERE id = ?1 AND state = 2 AND owner = ?2 AND kind <> 1 AND lease_us > ",
+    now!()
+);
+
+async fn write_step(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    owner: Owner,
+    entry: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(WRITE_STEP)
+        .bind(&key.digest()[..])
+        .bind(&owner_bytes(owner)[..])
+        .bind(entry)
+        .bind(us(ttl))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
+    Ok(r.rows_affected() == 1)
+}
+
+const READ_JOURNAL: &str = concat!(
+    "SELECT steps FROM idem_records WHERE id = ?1 AND steps_expires_us > ",
+    now!()
+);
 
 // ---- Operator statements (inspect, forget, stats): one statement each. ----
 
@@ -344,8 +402,8 @@ pub(super) async fn inspect(pool: &SqlitePool, key: &Key) -> Result<Option<Inspe
     row.map(|r| Inspected::from_row(key, &r)).transpose()
 }
 
-/// Frees the row whoever holds it: a lock keeps its row (and so its fence) for
-/// `LOCK_RETENTION`; anything else is left to expire now.
+/// Frees the row whoever holds it, and drops its step journal: a lock keeps its row
+/// (and so its fence) for `LOCK_RETENTION`; anything else is left to expire now.
 const FORGET: &str = concat!(
     "UPDATE idem_records SET
     expires_us = CASE WHEN kind = 1 THEN ",
@@ -354,9 +412,18 @@ const FORGET: &str = concat!(
     now!(),
     " END,
     state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
-    token_expires_us = NULL
+    token_expires_us = NULL, steps = NULL, steps_expires_us = NULL
 WHERE id = ?1 AND state <> 0 AND expires_us > ",
     now!()
+);
+
+/// After [`FORGET`] found no record: the journal a released or expired record left
+/// (a holder that took the row meanwhile keeps its own).
+const FORGET_JOURNAL: &str = concat!(
+    "UPDATE idem_records SET steps = NULL, steps_expires_us = NULL
+WHERE id = ?1 AND steps IS NOT NULL AND NOT (state = 2 AND lease_us > ",
+    now!(),
+    ")"
 );
 
 pub(super) async fn forget(pool: &SqlitePool, key: &Key) -> Result<bool, Error> {
@@ -366,6 +433,13 @@ pub(super) async fn forget(pool: &SqlitePool, key: &Key) -> Result<bool, Error> 
         .execute(pool)
         .await
         .map_err(|e| sql_err(Some(key), e))?;
+    if r.rows_affected() == 0 {
+        sqlx::query(FORGET_JOURNAL)
+            .bind(&key.digest()[..])
+            .execute(pool)
+            .await
+            .map_err(|e| sql_err(Some(key), e))?;
+    }
     Ok(r.rows_affected() == 1)
 }
 
@@ -515,6 +589,57 @@ impl super::dialect::Dialect for SqliteDialect {
                 .await
                 .map(drop)
                 .map_err(Error::store)
+        })
+    }
+
+    fn write_step<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await.map_err(Error::store)?;
+            write_step(&mut conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut crate::store::TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        entry: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
+            write_step(conn, key, owner, entry, ttl).await
+        })
+    }
+
+    fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Vec<u8>>, Error>> {
+        Box::pin(async move {
+            let steps: Option<Option<Vec<u8>>> = sqlx::query_scalar(READ_JOURNAL)
+                .bind(&key.digest()[..])
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| sql_err(Some(key), e))?;
+            Ok(steps.flatten())
+        })
+    }
+
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+        // IMMEDIATE: the step's writes and its journal entry take the write lock up
+        // front, rather than failing with SQLITE_BUSY on the first write.
+        Box::pin(async move {
+            let tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(Error::store)?;
+            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
         })
     }
 

@@ -200,6 +200,11 @@ impl Store for SqlStore {
         Some(self)
     }
 
+    /// Kept in the record's row: see the `journal` module.
+    fn journal(&self) -> Option<&dyn crate::store::JournalStore> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         self.dialect.store_name()
     }
@@ -262,6 +267,27 @@ impl TransactionalStore for SqlStore {
 
     fn committed(&self, key: &Key) {
         self.watchers.wake(key);
+    }
+
+    fn begin_step(&self) -> BoxFuture<'_, Result<Box<TxConnection>, Error>> {
+        Box::pin(self.bounded(self.dialect.begin()))
+    }
+
+    fn write_step_in<'a>(
+        &'a self,
+        conn: &'a mut TxConnection,
+        key: &'a Key,
+        owner: Owner,
+        name: &'a str,
+        value: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let entry = super::journal::entry(key, name, Some(value))?;
+            self.dialect
+                .write_step_in(conn, key, owner, &entry, ttl)
+                .await
+        })
     }
 }
 

@@ -431,3 +431,71 @@ pub async fn steps_resume_a_returned_token(store: Arc<dyn Store>) {
     let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
     assert_eq!(counts, [1, 1], "a finished step ran again");
 }
+
+/// Forgetting a key drops its journal, whether the record is held, released or gone: the
+/// next call runs every step afresh, with no stale entries from before.
+pub async fn forget_drops_the_journal(store: Arc<dyn Store>) {
+    if no_journal(&store, "forget_drops_the_journal") {
+        return;
+    }
+    let idem = idem(&store);
+    let runs: [AtomicUsize; 2] = Default::default();
+    let fail = AtomicBool::new(true);
+    let body = || async {
+        let a = counted("a", &runs[0]).await?;
+        if fail.swap(false, Ordering::SeqCst) {
+            return Err(Error::Config("b failed".into()));
+        }
+        let b = counted("b", &runs[1]).await?;
+        Ok::<_, Error>((a, b))
+    };
+    // Released with a journal: forget finds no record, and still drops the journal.
+    assert!(idem.dedup(&STEPS, "forgotten", body()).await.is_err());
+    assert_eq!(idem.steps(&STEPS, "forgotten").await.unwrap().len(), 1);
+    assert!(
+        !idem.forget(&STEPS, "forgotten").await.unwrap(),
+        "no record was live"
+    );
+    assert!(idem.steps(&STEPS, "forgotten").await.unwrap().is_empty());
+    assert_eq!(
+        idem.dedup(&STEPS, "forgotten", body()).await.unwrap(),
+        (2, 1)
+    );
+    // Held with a journal: forget removes both.
+    let key = idem.key(&STEPS, format_args!("held"));
+    let owner = Owner::next();
+    let req = ClaimRequest::new(ClaimKind::Dedup, owner, Duration::from_secs(30));
+    assert!(matches!(
+        store.claim(&key, &req).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let journal = store.journal().unwrap();
+    let written = journal
+        .write_step(
+            &key,
+            owner,
+            "a",
+            Some(Bytes::from_static(b"1")),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(written);
+    assert!(idem.forget(&STEPS, "held").await.unwrap());
+    assert!(journal.read_journal(&key).await.unwrap().is_empty());
+    assert!(
+        !journal
+            .write_step(&key, owner, "b", None, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "the forgotten holder can no longer journal"
+    );
+    let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), Duration::from_secs(30));
+    assert!(
+        matches!(
+            store.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ),
+        "a claim after forget starts afresh, not Resumed"
+    );
+}
