@@ -532,8 +532,9 @@ fn check(got: &Receipt, n: u64) -> Result<(), BenchError> {
     }
 }
 
-/// One case's operation on a fresh key `n`: the measured time of its call. Every case
-/// computes the record's key (the raw body needs it), so no case pays for it alone.
+/// One case's operation on a fresh key `n`: when its timed call began and how long it
+/// took. Every case computes the record's key (the raw body needs it), so no case pays
+/// for it alone.
 fn op(kind: Kind, idem: Idem, raw: Raw) -> Spawn {
     match kind {
         Kind::Empty => spawner(move |n| {
@@ -550,7 +551,7 @@ fn op(kind: Kind, idem: Idem, raw: Raw) -> Spawn {
                     .await?;
                 let d = t0.elapsed();
                 check(&got, n)?;
-                Ok(d)
+                Ok((t0, d))
             }
         }),
         Kind::Steps => spawner(move |n| {
@@ -563,7 +564,7 @@ fn op(kind: Kind, idem: Idem, raw: Raw) -> Spawn {
                 let d = t0.elapsed();
                 check(&got, n)?;
                 expect_ran(&ran, 3, "a new key")?;
-                Ok(d)
+                Ok((t0, d))
             }
         }),
         Kind::Raw => spawner(move |n| {
@@ -574,7 +575,7 @@ fn op(kind: Kind, idem: Idem, raw: Raw) -> Spawn {
                 let got = idem.dedup(&RAW, n, raw_body(&raw, &key, n)).await?;
                 let d = t0.elapsed();
                 check(&got, n)?;
-                Ok(d)
+                Ok((t0, d))
             }
         }),
         Kind::Resume => spawner(move |n| {
@@ -602,7 +603,7 @@ fn op(kind: Kind, idem: Idem, raw: Raw) -> Spawn {
                 let d = t0.elapsed();
                 check(&got, n)?;
                 expect_ran(&ran, 1, "the resumed attempt")?;
-                Ok(d)
+                Ok((t0, d))
             }
         }),
     }
@@ -627,7 +628,8 @@ struct Plan {
     slice: Duration,
 }
 
-/// One slice's window: calls started from `start` are measured; none starts at `end`.
+/// One slice's window: calls whose timed part begins in `start..end` are measured; no
+/// call starts at or after `end`.
 ///
 /// The tasks watch the clock themselves rather than a flag set by a timer: a MemoryStore
 /// call never yields, so tasks looping on it could keep every worker thread busy and a
@@ -670,7 +672,7 @@ type Spawn = Arc<dyn Fn(Window) -> tokio::task::JoinHandle<Tally> + Send + Sync>
 fn spawner<F, Fut>(f: F) -> Spawn
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Duration, BenchError>> + Send + 'static,
+    Fut: Future<Output = Result<(Instant, Duration), BenchError>> + Send + 'static,
 {
     let f = Arc::new(f);
     Arc::new(move |w: Window| {
@@ -683,7 +685,9 @@ where
                     break;
                 }
                 match f(load::fresh_id()).await {
-                    Ok(d) if t0 >= w.start => {
+                    // Measured if its timed part began in the window (the resume
+                    // case's first attempt, before it, is not timed).
+                    Ok((began, d)) if began >= w.start && began < w.end => {
                         t.hist.record(d);
                         t.sum_ns += d.as_nanos();
                         t.ops += 1;
