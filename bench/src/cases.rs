@@ -10,7 +10,7 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::args::Args;
 use crate::report::Report;
-use crate::{consumer, footprint, guarantees, http, peers, redis, scaling, sql, work};
+use crate::{consumer, footprint, guarantees, http, peers, redis, scaling, sql, steps, work};
 
 /// One case family.
 pub struct Family {
@@ -42,6 +42,11 @@ pub const FAMILIES: &[Family] = &[
         name: "sql",
         about: "idem on SqlStore against a raw INSERT … ON CONFLICT DO NOTHING, per --sql",
         run: |a, r| Box::pin(sql::run(a, r)),
+    },
+    Family {
+        name: "steps",
+        about: "a durable step against a raw write of the same store, same connections (memory, --redis, postgres --sql)",
+        run: |a, r| Box::pin(steps::run(a, r)),
     },
     Family {
         name: "consumer",

@@ -14,6 +14,7 @@
 //!    line's options), [`work`] (the shared workload and the machine header), [`report`]
 //!    (tables and `ratio` lines), [`chart`] (the SVG);
 //! 2. one module per case family: [`peers`] (`memory` and `peers`), [`redis`], [`sql`],
+//!    [`steps`] (a durable step against a raw write), [`consumer`], [`http`],
 //!    [`guarantees`], [`scaling`], [`footprint`], [`replay`] (the `metrics` feature's cost,
 //!    run by `bench/metrics-cost.sh` rather than by the load program);
 //! 3. [`cases`]: every family wired in one place, and the full run. A new family is a
@@ -39,6 +40,7 @@ pub mod redis;
 pub mod replay;
 pub mod scaling;
 pub mod sql;
+pub mod steps;
 
 // Every family wired in one place.
 pub mod cases;

@@ -1,6 +1,7 @@
 //! The output: one table of every measured case, then one `ratio CASE VALUE` line per
 //! comparison (VALUE = idem's ops/s divided by the baseline's or peer's ops/s on the same
-//! workload, same run), then the guarantee and footprint tables.
+//! workload, same run; the `steps-*` lines divide a durable step's cost by a raw write's
+//! instead, so lower is better there), then the guarantee, footprint and steps tables.
 //!
 //! The tables are Markdown, so the output pastes into docs/performance.md as it is.
 
@@ -173,6 +174,17 @@ impl Report {
                 per_round[0],
                 per_round[n - 1]
             ),
+        });
+    }
+
+    /// `ratio NAME VALUE` for a ratio of two costs (time per call or per step), where
+    /// lower is better, unlike [`Report::ratio`]'s ops/s. `what` says so, for the reader
+    /// of the ratio lines; the caller gives no ratio for a case that had errors.
+    pub(crate) fn cost_ratio(&mut self, name: impl Into<String>, value: f64, what: &str) {
+        self.ratios.push(Ratio {
+            name: name.into(),
+            value,
+            what: what.to_owned(),
         });
     }
 

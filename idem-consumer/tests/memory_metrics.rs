@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_consumer::observe::{MESSAGES_TOTAL, OUTCOMES};
-use idem_consumer::{AckError, Consumer, Delivery, Message, Outcome};
+use idem_consumer::{Consumer, Message, Outcome};
 use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, VersionedStore};
 use idem_runtime::{BoxError, Error, Idem, Key, MemoryStore, Options, Store};
 use tokio::sync::Notify;
+
+mod common;
+use common::{Toy, toy};
 
 // ---- a recorder that keeps counters, rendered as `name{label=value,...}` ----
 
@@ -102,56 +105,6 @@ impl metrics::Recorder for Recorded {
         _: &metrics::Metadata<'_>,
     ) -> metrics::Histogram {
         metrics::Histogram::noop()
-    }
-}
-
-// ---- a toy broker's delivery, whose settlements can be refused ----
-
-struct Toy {
-    id: Option<&'static str>,
-    attempt: u32,
-    refuse: bool,
-}
-
-fn toy(id: &'static str) -> Toy {
-    Toy {
-        id: Some(id),
-        attempt: 1,
-        refuse: false,
-    }
-}
-
-impl Toy {
-    fn settle(&self, what: &'static str) -> Result<(), AckError> {
-        if self.refuse {
-            Err(AckError::Refused(what))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl Delivery for Toy {
-    fn message_id(&self) -> Option<&str> {
-        self.id
-    }
-    fn payload(&self) -> Bytes {
-        Bytes::from_static(b"{}")
-    }
-    fn attempt(&self) -> u32 {
-        self.attempt
-    }
-    async fn ack(&self) -> Result<(), AckError> {
-        self.settle("ack")
-    }
-    async fn nak(&self, _: Duration) -> Result<(), AckError> {
-        self.settle("nak")
-    }
-    async fn in_progress(&self) -> Result<(), AckError> {
-        Ok(())
-    }
-    async fn terminate(&self) -> Result<(), AckError> {
-        self.settle("terminate")
     }
 }
 

@@ -253,3 +253,53 @@ pub async fn with_deadline<T>(secs: u64, what: &str, fut: impl Future<Output = T
         .await
         .unwrap_or_else(|_| panic!("timed out: {what}"))
 }
+
+/// A toy broker's delivery, for tests without a broker; its settlements can be refused.
+pub struct Toy {
+    pub id: Option<&'static str>,
+    pub attempt: u32,
+    pub refuse: bool,
+}
+
+/// A first delivery of message `id`.
+pub fn toy(id: &'static str) -> Toy {
+    Toy {
+        id: Some(id),
+        attempt: 1,
+        refuse: false,
+    }
+}
+
+impl Toy {
+    fn settle(&self, what: &'static str) -> Result<(), AckError> {
+        if self.refuse {
+            Err(AckError::Refused(what))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Delivery for Toy {
+    fn message_id(&self) -> Option<&str> {
+        self.id
+    }
+    fn payload(&self) -> Bytes {
+        Bytes::from_static(b"{}")
+    }
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    async fn ack(&self) -> Result<(), AckError> {
+        self.settle("ack")
+    }
+    async fn nak(&self, _: Duration) -> Result<(), AckError> {
+        self.settle("nak")
+    }
+    async fn in_progress(&self) -> Result<(), AckError> {
+        Ok(())
+    }
+    async fn terminate(&self) -> Result<(), AckError> {
+        self.settle("terminate")
+    }
+}

@@ -131,6 +131,20 @@ pub(crate) fn start_step(name: &str) -> Result<StepStart, Error> {
     .unwrap_or_else(|_| Err(outside()))
 }
 
+/// Step `name` of the body running in this task ended in an `Err`: nothing of it was
+/// journaled, so the call may try it again under the same name (and so the same
+/// downstream key), as a loop retrying a declined charge does.
+pub(crate) fn step_failed(name: &str) {
+    let _ = CALL.try_with(|f| {
+        if let Some(steps) = f.steps.as_ref()
+            && let Some(state) = steps.state.borrow_mut().as_mut()
+            && let Some(i) = state.used.iter().position(|n| **n == *name)
+        {
+            state.used.swap_remove(i);
+        }
+    });
+}
+
 /// `body`, run with `key` as the claim its task holds. The frames of calls nested in
 /// one task are chained, which costs an allocation only to a nested call.
 pub(crate) fn scope<F: Future>(key: Key, once: bool, body: F) -> impl Future<Output = F::Output> {

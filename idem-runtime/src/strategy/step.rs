@@ -81,8 +81,9 @@ impl StepCtx {
 ///
 /// Errors (as `E`, through `From<Error>`), each before `f` runs:
 /// [`Error::StepOutsideClaim`] outside a claimed dedup or token body (no silent plain
-/// run); [`Error::StepReused`] for a name this call already used (loops name their
-/// steps: `&format!("mail:{i}")`); [`Error::Unsupported`] on a store without a step
+/// run); [`Error::StepReused`] for a name this call already used for a step that did
+/// not fail (loops name their steps: `&format!("mail:{i}")`; a step that returned `Err`
+/// may be tried again under its own name, with the same [`StepCtx::key`]); [`Error::Unsupported`] on a store without a step
 /// journal; a [`Error::Codec`] if a journaled value does not decode as `T`.
 ///
 /// A journal write that fails after `f` succeeded (a store error, a lost lease) is
@@ -208,6 +209,7 @@ where
         }
         Err(e) => {
             observe::step_ended(function, StepOutcome::Failed);
+            call_ctx::step_failed(name);
             Err(e)
         }
     }

@@ -398,6 +398,37 @@ pub async fn step_misuse_is_an_error(store: Arc<dyn Store>) {
         .await;
     assert!(matches!(twice, Err(Error::StepReused { .. })), "{twice:?}");
     assert_eq!(ran.load(Ordering::SeqCst), 1);
+    // A step that failed may be tried again in the same call, under its own name and
+    // so with the same downstream key; once it succeeded, the name is used.
+    let tries = AtomicUsize::new(0);
+    let keys = std::sync::Mutex::new(Vec::new());
+    let retried = idem
+        .dedup(&STEPS, "retried", async {
+            let mut last = None;
+            for _ in 0..3 {
+                let (keys, tries) = (&keys, &tries);
+                let r = step("charge", |s: StepCtx| async move {
+                    keys.lock().unwrap().push(s.key().to_owned());
+                    match tries.fetch_add(1, Ordering::SeqCst) {
+                        0 => Err(Error::Config("declined".into())),
+                        n => Ok(n),
+                    }
+                })
+                .await;
+                if let Ok(n) = r {
+                    last = Some(n);
+                    break;
+                }
+            }
+            let again = step("charge", |_| async { Ok::<_, Error>(9) }).await;
+            Ok::<_, Error>((last, matches!(again, Err(Error::StepReused { .. }))))
+        })
+        .await
+        .unwrap();
+    assert_eq!(retried, (Some(1), true));
+    let keys = keys.into_inner().unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "a retried step keeps its downstream key");
 }
 
 /// A token's consumption runs steps too: an `Err` gives the token back with its journal,

@@ -314,10 +314,23 @@ pub(super) async fn complete(
     value: &[u8],
     ttl: Duration,
 ) -> Result<bool, Error> {
+    owner_checked(COMPLETE, conn, key, owner, value, ttl).await
+}
+
+/// Runs `sql`, a statement that changes `key`'s row only if `owner` holds it with a live
+/// lease ([`COMPLETE`], `WRITE_STEP`), with `bytes` and `ttl`; `true` if it did.
+async fn owner_checked(
+    sql: &'static str,
+    conn: &mut MySqlConnection,
+    key: &Key,
+    owner: Owner,
+    bytes: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
     // The connection reports rows *matched* (CLIENT_FOUND_ROWS), so 1 means "was the
     // holder" even if nothing changed.
-    let r = sqlx::query(COMPLETE)
-        .bind(value)
+    let r = sqlx::query(sql)
+        .bind(bytes)
         .bind(us(ttl))
         .bind(&key.digest()[..])
         .bind(&owner_bytes(owner)[..])
@@ -503,25 +516,6 @@ const WRITE_STEP: &str = concat!(
 WHERE id = ? AND state = 2 AND owner = ? AND kind <> 1 AND lease_us > ",
     now!()
 );
-
-async fn write_step(
-    conn: &mut MySqlConnection,
-    key: &Key,
-    owner: Owner,
-    entry: &[u8],
-    ttl: Duration,
-) -> Result<bool, Error> {
-    // Rows *matched* are reported (CLIENT_FOUND_ROWS), as for `COMPLETE`.
-    let r = sqlx::query(WRITE_STEP)
-        .bind(entry)
-        .bind(us(ttl))
-        .bind(&key.digest()[..])
-        .bind(&owner_bytes(owner)[..])
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    Ok(r.rows_affected() == 1)
-}
 
 const READ_JOURNAL: &str = concat!(
     "SELECT steps FROM idem_records WHERE id = ? AND steps_expires_us > ",
@@ -761,7 +755,7 @@ impl super::dialect::Dialect for MySqlDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-            write_step(&mut conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, &mut conn, key, owner, entry, ttl).await
         })
     }
 
@@ -775,7 +769,7 @@ impl super::dialect::Dialect for MySqlDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let conn = super::dialect::own_conn::<MySqlConnection>(self.name(), conn)?;
-            write_step(conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, conn, key, owner, entry, ttl).await
         })
     }
 

@@ -358,10 +358,23 @@ pub(super) async fn complete(
     value: &[u8],
     ttl: Duration,
 ) -> Result<bool, Error> {
-    let r = sqlx::query(COMPLETE)
+    owner_checked(COMPLETE, conn, key, owner, value, ttl).await
+}
+
+/// Runs `sql`, a statement that changes `key`'s row only if `owner` holds it with a live
+/// lease ([`COMPLETE`], `WRITE_STEP`), with `bytes` and `ttl`; `true` if it did.
+async fn owner_checked(
+    sql: &'static str,
+    conn: &mut PgConnection,
+    key: &Key,
+    owner: Owner,
+    bytes: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(sql)
         .bind(&key.digest()[..])
         .bind(&owner_bytes(owner)[..])
-        .bind(value)
+        .bind(bytes)
         .bind(us(ttl))
         .execute(&mut *conn)
         .await
@@ -552,24 +565,6 @@ UPDATE idem_records r SET
 FROM t
 WHERE r.id = $1 AND r.state = 2 AND r.owner = $2 AND r.kind <> 1 AND r.lease_us > t.now"
 );
-
-async fn write_step(
-    conn: &mut PgConnection,
-    key: &Key,
-    owner: Owner,
-    entry: &[u8],
-    ttl: Duration,
-) -> Result<bool, Error> {
-    let r = sqlx::query(WRITE_STEP)
-        .bind(&key.digest()[..])
-        .bind(&owner_bytes(owner)[..])
-        .bind(entry)
-        .bind(us(ttl))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    Ok(r.rows_affected() == 1)
-}
 
 const READ_JOURNAL: &str = concat!(
     "SELECT steps FROM idem_records WHERE id = $1 AND steps_expires_us > ",
@@ -836,7 +831,7 @@ impl super::dialect::Dialect for PgDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-            write_step(&mut conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, &mut conn, key, owner, entry, ttl).await
         })
     }
 
@@ -850,7 +845,7 @@ impl super::dialect::Dialect for PgDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
-            write_step(conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, conn, key, owner, entry, ttl).await
         })
     }
 

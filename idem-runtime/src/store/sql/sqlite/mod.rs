@@ -224,10 +224,23 @@ pub(super) async fn complete(
     value: &[u8],
     ttl: Duration,
 ) -> Result<bool, Error> {
-    let r = sqlx::query(COMPLETE)
+    owner_checked(COMPLETE, conn, key, owner, value, ttl).await
+}
+
+/// Runs `sql`, a statement that changes `key`'s row only if `owner` holds it with a live
+/// lease ([`COMPLETE`], `WRITE_STEP`), with `bytes` and `ttl`; `true` if it did.
+async fn owner_checked(
+    sql: &'static str,
+    conn: &mut SqliteConnection,
+    key: &Key,
+    owner: Owner,
+    bytes: &[u8],
+    ttl: Duration,
+) -> Result<bool, Error> {
+    let r = sqlx::query(sql)
         .bind(&key.digest()[..])
         .bind(&owner_bytes(owner)[..])
-        .bind(value)
+        .bind(bytes)
         .bind(us(ttl))
         .execute(&mut *conn)
         .await
@@ -358,24 +371,6 @@ const WRITE_STEP: &str = concat!(
 WHERE id = ?1 AND state = 2 AND owner = ?2 AND kind <> 1 AND lease_us > ",
     now!()
 );
-
-async fn write_step(
-    conn: &mut SqliteConnection,
-    key: &Key,
-    owner: Owner,
-    entry: &[u8],
-    ttl: Duration,
-) -> Result<bool, Error> {
-    let r = sqlx::query(WRITE_STEP)
-        .bind(&key.digest()[..])
-        .bind(&owner_bytes(owner)[..])
-        .bind(entry)
-        .bind(us(ttl))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    Ok(r.rows_affected() == 1)
-}
 
 const READ_JOURNAL: &str = concat!(
     "SELECT steps FROM idem_records WHERE id = ?1 AND steps_expires_us > ",
@@ -604,7 +599,7 @@ impl super::dialect::Dialect for SqliteDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-            write_step(&mut conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, &mut conn, key, owner, entry, ttl).await
         })
     }
 
@@ -618,7 +613,7 @@ impl super::dialect::Dialect for SqliteDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
-            write_step(conn, key, owner, entry, ttl).await
+            owner_checked(WRITE_STEP, conn, key, owner, entry, ttl).await
         })
     }
 
