@@ -324,7 +324,8 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
 ///
 /// ```no_run
 /// # async fn demo(store: idem_runtime::SqlStore) -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::{Error, Idem, Options, sqlx, step_tx};
+/// use idem_runtime::store::sql::sqlx;
+/// use idem_runtime::{Error, Idem, Options, step_tx};
 /// static RESERVE: Options = Options::dedup("shop::reserve");
 /// let idem = Idem::builder().store(store).build();
 /// idem.dedup(&RESERVE, "order-7", async {

@@ -25,11 +25,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::record::corrupt;
 use super::{BoxFuture, SqlStore};
 use crate::store::journal::from_unix_ms;
 use crate::store::{Journal, JournalEntry, JournalStore, Owner};
 use crate::{Error, Key};
+
+/// A journal that does not parse: the record is damaged. (Built here, not by `record`,
+/// which calls [`parse`] when a claim returns a journal.)
+fn corrupt(key: &Key, reason: &str) -> Error {
+    Error::Corrupt {
+        key: *key,
+        reason: reason.to_owned(),
+    }
+}
 
 /// The part of an entry idem sends: everything after the database's timestamp.
 pub(super) fn entry(key: &Key, name: &str, value: Option<&[u8]>) -> Result<Vec<u8>, Error> {
