@@ -822,43 +822,7 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    fn write_step<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        entry: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-            owner_checked(WRITE_STEP, &mut conn, key, owner, entry, ttl).await
-        })
-    }
-
-    fn write_step_in<'a>(
-        &'a self,
-        conn: &'a mut crate::store::TxConnection,
-        key: &'a Key,
-        owner: Owner,
-        entry: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
-            owner_checked(WRITE_STEP, conn, key, owner, entry, ttl).await
-        })
-    }
-
-    fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Vec<u8>>, Error>> {
-        Box::pin(async move {
-            let steps: Option<Option<Vec<u8>>> = sqlx::query_scalar(READ_JOURNAL)
-                .bind(&key.digest()[..])
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| sql_err(Some(key), e))?;
-            Ok(steps.flatten())
-        })
-    }
+    super::dialect::journal_methods!(PgConnection);
 
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
         Box::pin(async move {
