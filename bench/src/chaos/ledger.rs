@@ -278,3 +278,9 @@ impl Ledger {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }
+
+/// The ledger event a worker writes when the store refused its completion of `key`
+/// (its lease was lost, under a pause or a slow link).
+pub(crate) fn lost_event(key: u64) -> String {
+    format!("lost {key}")
+}

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::ledger::{Contents, Event, Run};
+use super::ledger::{Contents, Event, Run, lost_event};
 use super::worker::LEASE;
 
 /// How long a worker stays stopped: past its lease, by a second.
@@ -90,12 +90,6 @@ pub(crate) fn explains(events: &[Event], prev: &Run, next: &Run) -> bool {
                 && prev.at <= resume
                 && stop <= next.at
         })
-}
-
-/// The ledger event a worker writes when the store refused its completion of `key`
-/// (its lease was lost, under a pause or a slow link).
-pub(crate) fn lost_event(key: u64) -> String {
-    format!("lost {key}")
 }
 
 /// Whether `kind` is an event about one worker (a pause, a resume, a lost lease) rather

@@ -370,7 +370,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
                         if lost {
                             // Written down, so the checker can tell a visible double
                             // (this key's lease lost, counted) from a silent one.
-                            let _ = ledger.event(&super::pause::lost_event(key), inc).await;
+                            let _ = ledger.event(&super::ledger::lost_event(key), inc).await;
                         }
                         if acknowledged {
                             let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
