@@ -36,41 +36,6 @@ const UPDATE_VALUE: &str = concat!(
     ")"
 );
 
-pub(super) async fn load_value(pool: &MySqlPool, key: &Key) -> Result<Option<ValueRow>, Error> {
-    sqlx::query_as(LOAD_VALUE)
-        .bind(&key.digest()[..])
-        .fetch_optional(pool)
-        .await
-        .map_err(|e| sql_err(Some(key), e))
-}
-
-pub(super) async fn write_value(
-    pool: &MySqlPool,
-    key: &Key,
-    write: ValueWrite<'_>,
-) -> Result<u64, Error> {
-    let id = &key.digest()[..];
-    match write {
-        ValueWrite::ClearExpired => sqlx::query(CLEAR_EXPIRED_VALUE).bind(id),
-        ValueWrite::Insert { value, ttl_us } => {
-            sqlx::query(INSERT_VALUE).bind(id).bind(value).bind(ttl_us)
-        }
-        ValueWrite::Update {
-            expected,
-            value,
-            ttl_us,
-        } => sqlx::query(UPDATE_VALUE)
-            .bind(value)
-            .bind(ttl_us)
-            .bind(id)
-            .bind(expected),
-    }
-    .execute(pool)
-    .await
-    .map(|r| r.rows_affected())
-    .map_err(|e| sql_err(Some(key), e))
-}
-
 // ---- State records ----
 
 /// A live row: no expiry, or one still ahead.
@@ -164,73 +129,6 @@ const RENEW_HOLD: &str = concat!(
     live!()
 );
 
-pub(super) async fn read_state(pool: &MySqlPool, key: &Key) -> Result<Option<StateRow>, Error> {
-    let row = sqlx::query(READ_STATE)
-        .bind(&key.digest()[..])
-        .fetch_optional(pool)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    row.map(|r| StateRow::from_row(key, &r)).transpose()
-}
-
-pub(super) async fn write_state(
-    pool: &MySqlPool,
-    key: &Key,
-    write: StateWrite<'_>,
-) -> Result<u64, Error> {
-    let id = &key.digest()[..];
-    match write {
-        StateWrite::ClearExpired => sqlx::query(CLEAR_EXPIRED_STATE).bind(id),
-        StateWrite::Create { to, ttl_us } => {
-            sqlx::query(CREATE_STATE).bind(id).bind(to).bind(ttl_us)
-        }
-        StateWrite::CreateHeld {
-            to,
-            owner,
-            lease_us,
-        } => sqlx::query(CREATE_HELD_STATE)
-            .bind(id)
-            .bind(to)
-            .bind(owner)
-            .bind(lease_us)
-            .bind(lease_us),
-        StateWrite::Move { from, to, ttl_us } => sqlx::query(MOVE_STATE)
-            .bind(to)
-            .bind(ttl_us)
-            .bind(id)
-            .bind(from),
-        StateWrite::Hold {
-            from,
-            to,
-            owner,
-            lease_us,
-        } => sqlx::query(HOLD_STATE)
-            .bind(to)
-            .bind(owner)
-            .bind(lease_us)
-            .bind(lease_us)
-            .bind(id)
-            .bind(from),
-        StateWrite::Commit { owner, ttl_us } => {
-            sqlx::query(COMMIT_HOLD).bind(ttl_us).bind(id).bind(owner)
-        }
-        StateWrite::DropHeldCreation { owner } => {
-            sqlx::query(DROP_HELD_CREATION).bind(id).bind(owner)
-        }
-        StateWrite::ClearHold { owner } => sqlx::query(CLEAR_HOLD).bind(id).bind(owner),
-        StateWrite::RenewHold { owner, lease_us } => sqlx::query(RENEW_HOLD)
-            .bind(lease_us)
-            .bind(lease_us)
-            .bind(lease_us)
-            .bind(id)
-            .bind(owner),
-    }
-    .execute(pool)
-    .await
-    .map(|r| r.rows_affected())
-    .map_err(|e| sql_err(Some(key), e))
-}
-
 // ---- Purging: bounded by the DELETE's own LIMIT (MySQL cannot LIMIT a subquery on ----
 // ---- the table it deletes from) ----
 
@@ -246,16 +144,4 @@ pub(super) const PURGE_STATES: &str = concat!(
     " ORDER BY expires_us LIMIT ?"
 );
 
-/// Runs [`PURGE_VALUES`] or [`PURGE_STATES`]: the rows it deleted.
-pub(super) async fn purge(
-    pool: &MySqlPool,
-    statement: &'static str,
-    batch: i64,
-) -> Result<u64, Error> {
-    sqlx::query(statement)
-        .bind(batch)
-        .execute(pool)
-        .await
-        .map(|r| r.rows_affected())
-        .map_err(Error::store)
-}
+crate::store::sql::toolbox::runners!(MySqlPool);
