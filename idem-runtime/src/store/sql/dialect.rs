@@ -179,11 +179,119 @@ pub(super) fn own_conn<'c, C: 'static>(
     })
 }
 
-/// The step-journal methods of a [`Dialect`] impl whose database module has an
-/// `owner_checked` statement runner, `WRITE_STEP` and `READ_JOURNAL`, and a `pool`
-/// field: the same four calls on each database, on its own connection type `$conn`.
-macro_rules! journal_methods {
+/// The methods of a [`Dialect`] impl that are the same call on every database, on its
+/// own pool and connection type `$conn`: they call the database module's free functions
+/// and statements of the same names (`release`, `owner_checked`, `WRITE_STEP`,
+/// `toolbox::load_value`, ...), which differ. Each dialect writes the rest itself.
+macro_rules! pooled_methods {
     ($conn:ty) => {
+        fn pool(&self) -> &dyn std::any::Any {
+            &self.pool
+        }
+
+        fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+            Box::pin(release(&self.pool, key, owner))
+        }
+
+        fn renew<'a>(
+            &'a self,
+            key: &'a Key,
+            owner: Owner,
+            lease: Duration,
+        ) -> BoxFuture<'a, Result<bool, Error>> {
+            Box::pin(renew(&self.pool, key, owner, lease))
+        }
+
+        fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
+            Box::pin(inspect(&self.pool, key))
+        }
+
+        fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
+            Box::pin(forget(&self.pool, key))
+        }
+
+        fn count<'a>(
+            &'a self,
+            namespace: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
+            Box::pin(count(&self.pool, namespace))
+        }
+
+        fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+            Box::pin(purge(&self.pool, batch))
+        }
+
+        fn complete_in<'a>(
+            &'a self,
+            conn: &'a mut crate::store::TxConnection,
+            key: &'a Key,
+            owner: Owner,
+            value: &'a [u8],
+            ttl: Duration,
+        ) -> BoxFuture<'a, Result<bool, Error>> {
+            Box::pin(async move {
+                let conn = super::dialect::own_conn::<$conn>(self.name(), conn)?;
+                complete(conn, key, owner, value, ttl).await
+            })
+        }
+
+        fn execute_in<'a>(
+            &'a self,
+            conn: &'a mut crate::store::TxConnection,
+            sql: &'a str,
+        ) -> BoxFuture<'a, Result<(), Error>> {
+            Box::pin(async move {
+                let conn = super::dialect::own_conn::<$conn>(self.name(), conn)?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+                    .map_err(Error::store)
+            })
+        }
+
+        fn load_value<'a>(
+            &'a self,
+            key: &'a Key,
+        ) -> BoxFuture<'a, Result<Option<super::toolbox::ValueRow>, Error>> {
+            Box::pin(toolbox::load_value(&self.pool, key))
+        }
+
+        fn write_value<'a>(
+            &'a self,
+            key: &'a Key,
+            write: super::toolbox::ValueWrite<'a>,
+        ) -> BoxFuture<'a, Result<u64, Error>> {
+            Box::pin(toolbox::write_value(&self.pool, key, write))
+        }
+
+        fn read_state<'a>(
+            &'a self,
+            key: &'a Key,
+        ) -> BoxFuture<'a, Result<Option<super::toolbox::StateRow>, Error>> {
+            Box::pin(toolbox::read_state(&self.pool, key))
+        }
+
+        fn write_state<'a>(
+            &'a self,
+            key: &'a Key,
+            write: super::toolbox::StateWrite<'a>,
+        ) -> BoxFuture<'a, Result<u64, Error>> {
+            Box::pin(toolbox::write_state(&self.pool, key, write))
+        }
+
+        fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+            Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_VALUES, batch))
+        }
+
+        fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
+            Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_STATES, batch))
+        }
+
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(self.pool.close())
+        }
+
         fn write_step<'a>(
             &'a self,
             key: &'a Key,
@@ -226,4 +334,4 @@ macro_rules! journal_methods {
         }
     };
 }
-pub(super) use journal_methods;
+pub(super) use pooled_methods;

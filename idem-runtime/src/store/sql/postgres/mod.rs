@@ -701,10 +701,6 @@ impl super::dialect::Dialect for PgDialect {
         "sql-postgres"
     }
 
-    fn pool(&self) -> &dyn std::any::Any {
-        &self.pool
-    }
-
     fn probe(&self, within: Duration) -> BoxFuture<'_, Result<(), crate::store::Unreachable>> {
         Box::pin(async move {
             let o = self.pool.connect_options();
@@ -745,40 +741,8 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(release(&self.pool, key, owner))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(renew(&self.pool, key, owner, lease))
-    }
-
     fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(issue(&self.pool, key, ttl))
-    }
-
-    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
-        Box::pin(inspect(&self.pool, key))
-    }
-
-    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(forget(&self.pool, key))
-    }
-
-    fn count<'a>(
-        &'a self,
-        namespace: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
-        Box::pin(count(&self.pool, namespace))
-    }
-
-    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(purge(&self.pool, batch))
     }
 
     fn claim_in<'a>(
@@ -793,37 +757,6 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    fn complete_in<'a>(
-        &'a self,
-        conn: &'a mut crate::store::TxConnection,
-        key: &'a Key,
-        owner: Owner,
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
-            complete(conn, key, owner, value, ttl).await
-        })
-    }
-
-    fn execute_in<'a>(
-        &'a self,
-        conn: &'a mut crate::store::TxConnection,
-        sql: &'a str,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            let conn = super::dialect::own_conn::<PgConnection>(self.name(), conn)?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(conn)
-                .await
-                .map(drop)
-                .map_err(Error::store)
-        })
-    }
-
-    super::dialect::journal_methods!(PgConnection);
-
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
         Box::pin(async move {
             // No lock timeout: the step's own writes wait as the user's would.
@@ -832,47 +765,7 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    fn load_value<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<super::toolbox::ValueRow>, Error>> {
-        Box::pin(toolbox::load_value(&self.pool, key))
-    }
-
-    fn write_value<'a>(
-        &'a self,
-        key: &'a Key,
-        write: super::toolbox::ValueWrite<'a>,
-    ) -> BoxFuture<'a, Result<u64, Error>> {
-        Box::pin(toolbox::write_value(&self.pool, key, write))
-    }
-
-    fn read_state<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<super::toolbox::StateRow>, Error>> {
-        Box::pin(toolbox::read_state(&self.pool, key))
-    }
-
-    fn write_state<'a>(
-        &'a self,
-        key: &'a Key,
-        write: super::toolbox::StateWrite<'a>,
-    ) -> BoxFuture<'a, Result<u64, Error>> {
-        Box::pin(toolbox::write_state(&self.pool, key, write))
-    }
-
-    fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_VALUES, batch))
-    }
-
-    fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_STATES, batch))
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.pool.close())
-    }
+    super::dialect::pooled_methods!(PgConnection);
 }
 
 /// The batch queues of a PostgreSQL store.

@@ -478,10 +478,6 @@ impl super::dialect::Dialect for SqliteDialect {
         "sql-sqlite"
     }
 
-    fn pool(&self) -> &dyn std::any::Any {
-        &self.pool
-    }
-
     /// A file: the pool fails at once with the file's own error.
     fn probe(&self, _within: Duration) -> BoxFuture<'_, Result<(), crate::store::Unreachable>> {
         Box::pin(std::future::ready(Ok(())))
@@ -513,40 +509,8 @@ impl super::dialect::Dialect for SqliteDialect {
         })
     }
 
-    fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(release(&self.pool, key, owner))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        owner: Owner,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(renew(&self.pool, key, owner, lease))
-    }
-
     fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(issue(&self.pool, key, ttl))
-    }
-
-    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
-        Box::pin(inspect(&self.pool, key))
-    }
-
-    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(forget(&self.pool, key))
-    }
-
-    fn count<'a>(
-        &'a self,
-        namespace: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
-        Box::pin(count(&self.pool, namespace))
-    }
-
-    fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(purge(&self.pool, batch))
     }
 
     fn claim_in<'a>(
@@ -561,37 +525,6 @@ impl super::dialect::Dialect for SqliteDialect {
         })
     }
 
-    fn complete_in<'a>(
-        &'a self,
-        conn: &'a mut crate::store::TxConnection,
-        key: &'a Key,
-        owner: Owner,
-        value: &'a [u8],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
-            complete(conn, key, owner, value, ttl).await
-        })
-    }
-
-    fn execute_in<'a>(
-        &'a self,
-        conn: &'a mut crate::store::TxConnection,
-        sql: &'a str,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            let conn = super::dialect::own_conn::<SqliteConnection>(self.name(), conn)?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(conn)
-                .await
-                .map(drop)
-                .map_err(Error::store)
-        })
-    }
-
-    super::dialect::journal_methods!(SqliteConnection);
-
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
         // IMMEDIATE: the step's writes and its journal entry take the write lock up
         // front, rather than failing with SQLITE_BUSY on the first write.
@@ -605,45 +538,5 @@ impl super::dialect::Dialect for SqliteDialect {
         })
     }
 
-    fn load_value<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<super::toolbox::ValueRow>, Error>> {
-        Box::pin(toolbox::load_value(&self.pool, key))
-    }
-
-    fn write_value<'a>(
-        &'a self,
-        key: &'a Key,
-        write: super::toolbox::ValueWrite<'a>,
-    ) -> BoxFuture<'a, Result<u64, Error>> {
-        Box::pin(toolbox::write_value(&self.pool, key, write))
-    }
-
-    fn read_state<'a>(
-        &'a self,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<super::toolbox::StateRow>, Error>> {
-        Box::pin(toolbox::read_state(&self.pool, key))
-    }
-
-    fn write_state<'a>(
-        &'a self,
-        key: &'a Key,
-        write: super::toolbox::StateWrite<'a>,
-    ) -> BoxFuture<'a, Result<u64, Error>> {
-        Box::pin(toolbox::write_state(&self.pool, key, write))
-    }
-
-    fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_VALUES, batch))
-    }
-
-    fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-        Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_STATES, batch))
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.pool.close())
-    }
+    super::dialect::pooled_methods!(SqliteConnection);
 }
