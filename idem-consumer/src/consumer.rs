@@ -1,13 +1,16 @@
 //! The rules, written once over [`Delivery`]: claim, run, record, then settle.
 
+use std::convert::Infallible;
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use idem_runtime::{Error, Idem, Key, Optimistic, Options};
-use tokio::sync::Semaphore;
+use std::panic::AssertUnwindSafe;
+use tokio::sync::{Mutex, watch};
 use tokio::task::JoinSet;
 
 use crate::counters::{Counters, Live};
@@ -231,49 +234,73 @@ impl<E: Effect> Consumer<E> {
     /// stops pulling, lets the deliveries in flight finish and settle, closes the source
     /// ([`Source::close`]), then returns the counters. Refuses to start if
     /// [`Consumer::check_retention`] fails.
-    pub async fn run<S: Source>(
+    ///
+    /// The deliveries are processed by `concurrency` workers that take turns pulling
+    /// from the source, rather than a task spawned per delivery: a delivery's future is
+    /// built in place in its worker, with no allocation and no copy of it per message.
+    pub async fn run<S: Source + 'static>(
         &self,
-        mut source: S,
+        source: S,
         shutdown: impl Future<Output = ()>,
     ) -> Result<Counters, ConsumerError> {
         if let Err(e) = self.check_retention(source.redelivery_horizon()) {
             source.close().await;
             return Err(e);
         }
-        let slots = Arc::new(Semaphore::new(self.shared.concurrency));
-        let mut tasks = JoinSet::new();
-        let mut shutdown = pin!(shutdown);
+        let pull = Arc::new(Mutex::new(Pull {
+            source,
+            ended: false,
+        }));
+        let (stop, stopped) = watch::channel(false);
+        let mut workers = JoinSet::new();
+        for _ in 0..self.shared.concurrency {
+            workers.spawn(self.clone().work(pull.clone(), stopped.clone()));
+        }
+        let all_done = async { while workers.join_next().await.is_some() {} };
+        tokio::select! {
+            biased;
+            () = shutdown => {
+                let _ = stop.send(true);
+                while workers.join_next().await.is_some() {}
+            }
+            () = all_done => {}
+        }
+        // Every worker is gone, and with it every other handle on the source.
+        if let Some(pull) = Arc::into_inner(pull) {
+            pull.into_inner().source.close().await;
+        }
+        Ok(self.counters())
+    }
+
+    /// One worker: pulls a delivery (waiting its turn at the source) and processes it,
+    /// until the source ends or the run is told to stop. A handler's panic is caught, so
+    /// the worker goes on: its delivery stays unsettled, and the broker delivers it again.
+    async fn work<S: Source + 'static>(
+        self,
+        pull: Arc<Mutex<Pull<S>>>,
+        mut stopped: watch::Receiver<bool>,
+    ) {
         loop {
-            let slot = tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                slot = slots.clone().acquire_owned() => slot,
-            };
-            let Ok(slot) = slot else { break };
+            if *stopped.borrow() {
+                return;
+            }
             let next = tokio::select! {
                 biased;
-                _ = &mut shutdown => break,
-                next = source.next() => next,
+                next = async { pull.lock().await.next().await } => next,
+                _ = stopped.wait_for(|stop| *stop) => return,
             };
-            match next {
-                None => break,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "the subscription failed; pulling again");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Some(Ok(delivery)) => {
-                    let me = self.clone();
-                    tasks.spawn(async move {
-                        me.process(delivery).await;
-                        drop(slot);
-                    });
-                }
+            let delivery = match next {
+                Pulled::Delivery(d) => d,
+                Pulled::Again => continue,
+                Pulled::Ended => return,
+            };
+            let processed = AssertUnwindSafe(self.process(delivery))
+                .catch_unwind()
+                .await;
+            if processed.is_err() {
+                tracing::error!("a delivery's processing panicked; the broker delivers it again");
             }
-            while tasks.try_join_next().is_some() {}
         }
-        while tasks.join_next().await.is_some() {}
-        source.close().await;
-        Ok(self.counters())
     }
 
     /// Applies the rules to one delivery: claim its id, run the effect once, record it,
@@ -301,7 +328,13 @@ impl<E: Effect> Consumer<E> {
             payload,
             attempt,
         };
-        let ran = with_progress(&delivery, self.run_effect(&msg)).await;
+        // Pinned here, so the effect's future (the largest part of this one) is kept
+        // once rather than again inside `with_progress`; in a block of its own, so its
+        // space is free again for the settlement's futures.
+        let ran = {
+            let effect = pin!(self.run_effect(&msg));
+            with_progress(&delivery, effect).await
+        };
         match ran {
             Ok(Ran::Effect) => self.settle(&delivery, Settle::Ack, Fate::Processed).await,
             Ok(Ran::Replayed) => self.settle(&delivery, Settle::Ack, Fate::Duplicate).await,
@@ -419,10 +452,46 @@ enum Settle {
     Terminate,
 }
 
+/// The source, shared by the workers in turn.
+struct Pull<S> {
+    source: S,
+    /// The source returned `None`: it is not asked again.
+    ended: bool,
+}
+
+/// What one turn at the source gave.
+enum Pulled<D> {
+    Delivery(D),
+    /// A transient error (logged): try again.
+    Again,
+    Ended,
+}
+
+impl<S: Source> Pull<S> {
+    async fn next(&mut self) -> Pulled<S::Delivery> {
+        if self.ended {
+            return Pulled::Ended;
+        }
+        match self.source.next().await {
+            Some(Ok(delivery)) => Pulled::Delivery(delivery),
+            Some(Err(e)) => {
+                // Slept with the source held, so no worker pulls before then.
+                tracing::warn!(error = %e, "the subscription failed; pulling again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Pulled::Again
+            }
+            None => {
+                self.ended = true;
+                Pulled::Ended
+            }
+        }
+    }
+}
+
 /// Runs `fut`, telling the broker every `progress_interval` that the delivery is still
-/// being worked on. Nothing is armed if `fut` finishes on its first poll.
-async fn with_progress<D: Delivery, F: Future>(delivery: &D, fut: F) -> F::Output {
-    let mut fut = pin!(fut);
+/// being worked on. Nothing is armed if `fut` finishes on its first poll; the timer and
+/// its signal are boxed, so the common case does not carry their space.
+async fn with_progress<D: Delivery, F: Future>(delivery: &D, mut fut: Pin<&mut F>) -> F::Output {
     let Some(every) = delivery.progress_interval() else {
         return fut.await;
     };
@@ -434,16 +503,21 @@ async fn with_progress<D: Delivery, F: Future>(delivery: &D, fut: F) -> F::Outpu
     if let Some(out) = first {
         return out;
     }
+    let signals = Box::pin(signal_progress(delivery, every));
+    tokio::select! {
+        biased;
+        out = fut => out,
+        never = signals => match never {},
+    }
+}
+
+/// Tells the broker every `every` that `delivery` is still being worked on; never ends.
+async fn signal_progress<D: Delivery>(delivery: &D, every: Duration) -> Infallible {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
-        tokio::select! {
-            biased;
-            out = &mut fut => return out,
-            _ = tick.tick() => {
-                if let Err(e) = delivery.in_progress().await {
-                    tracing::warn!(error = %e, "in-progress signal failed");
-                }
-            }
+        tick.tick().await;
+        if let Err(e) = delivery.in_progress().await {
+            tracing::warn!(error = %e, "in-progress signal failed");
         }
     }
 }
