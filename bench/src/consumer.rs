@@ -35,7 +35,6 @@ use idem_runtime::{BoxError, Idem, MemoryStore, Options, SqlStore, Store};
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Connection};
-use tokio::sync::Semaphore;
 
 use crate::args::Args;
 use crate::report::{Report, Summary};
@@ -456,49 +455,57 @@ async fn consume<S: Source + 'static>(
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The baseline: the same pull loop shape as [`Consumer::run`] (a task per delivery, at
-/// most [`CONCURRENCY`] in flight), each delivery only acked, and the source closed as
-/// the consumer's run closes it. `acked` counts the acks.
-async fn bare<S: Source>(
-    mut source: S,
+/// The baseline: the same loop shape as [`Consumer::run`] ([`CONCURRENCY`] workers taking
+/// turns at the source, each delivery processed in its worker), each delivery only
+/// acked, and the source closed as the consumer's run closes it. `acked` counts the acks.
+async fn bare<S: Source + 'static>(
+    source: S,
     n: u64,
     deadline: Instant,
     acked: Arc<AtomicU64>,
 ) -> Result<(), BoxError> {
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut pulled = 0;
-    // Every wait is bounded by the run's deadline, not checked only after a message
-    // arrives: a broker that stops delivering ends the run with an error.
+    let source = Arc::new(tokio::sync::Mutex::new(source));
+    let pulled = Arc::new(AtomicU64::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let (source, pulled, acked) = (source.clone(), pulled.clone(), acked.clone());
+        workers.spawn(async move {
+            loop {
+                let d = {
+                    let mut source = source.lock().await;
+                    if pulled.load(Ordering::Relaxed) >= n {
+                        return Ok::<_, BoxError>(());
+                    }
+                    match source.next().await {
+                        Some(d) => d?,
+                        None => return Err("the subscription ended".into()),
+                    }
+                };
+                pulled.fetch_add(1, Ordering::Relaxed);
+                if d.ack().await.is_ok() {
+                    acked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    // Every wait is bounded by the run's deadline: a broker that stops delivering ends
+    // the run with an error.
     let timed_out = || -> BoxError {
         "bare consumer: its deadline passed before every message was acked".into()
     };
-    while pulled < n {
-        let slot = tokio::time::timeout_at(deadline.into(), slots.clone().acquire_owned())
-            .await
-            .map_err(|_| timed_out())??;
-        let d = match tokio::time::timeout_at(deadline.into(), source.next())
-            .await
-            .map_err(|_| timed_out())?
-        {
-            Some(d) => d?,
-            None => return Err("the subscription ended".into()),
-        };
-        pulled += 1;
-        let acked = acked.clone();
-        tasks.spawn(async move {
-            if d.ack().await.is_ok() {
-                acked.fetch_add(1, Ordering::Relaxed);
-            }
-            drop(slot);
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    let drained = async { while tasks.join_next().await.is_some() {} };
+    let drained = async {
+        while let Some(done) = workers.join_next().await {
+            done.map_err(|e| -> BoxError { e.into() })??;
+        }
+        Ok::<_, BoxError>(())
+    };
     tokio::time::timeout_at(deadline.into(), drained)
         .await
-        .map_err(|_| timed_out())?;
-    source.close().await;
+        .map_err(|_| timed_out())??;
+    let Some(source) = Arc::into_inner(source) else {
+        return Err("bare consumer: a worker outlived the run".into());
+    };
+    source.into_inner().close().await;
     match acked.load(Ordering::Relaxed) {
         a if a == n => Ok(()),
         a => Err(format!("bare consumer: {a} of {n} acks went through").into()),
