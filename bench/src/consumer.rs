@@ -464,24 +464,27 @@ async fn bare<S: Source + 'static>(
     deadline: Instant,
     acked: Arc<AtomicU64>,
 ) -> Result<(), BoxError> {
-    let source = Arc::new(tokio::sync::Mutex::new(source));
-    let pulled = Arc::new(AtomicU64::new(0));
+    // The source and how many deliveries it gave, under one lock: a worker that finds
+    // `n` pulled stops rather than wait for a delivery that never comes.
+    let source = Arc::new(tokio::sync::Mutex::new((source, 0u64)));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
-        let (source, pulled, acked) = (source.clone(), pulled.clone(), acked.clone());
+        let (source, acked) = (source.clone(), acked.clone());
         workers.spawn(async move {
             loop {
                 let d = {
-                    let mut source = source.lock().await;
-                    if pulled.load(Ordering::Relaxed) >= n {
+                    let mut held = source.lock().await;
+                    let (source, pulled) = &mut *held;
+                    if *pulled >= n {
                         return Ok::<_, BoxError>(());
                     }
-                    match source.next().await {
+                    let d = match source.next().await {
                         Some(d) => d?,
                         None => return Err("the subscription ended".into()),
-                    }
+                    };
+                    *pulled += 1;
+                    d
                 };
-                pulled.fetch_add(1, Ordering::Relaxed);
                 if d.ack().await.is_ok() {
                     acked.fetch_add(1, Ordering::Relaxed);
                 }
@@ -505,7 +508,7 @@ async fn bare<S: Source + 'static>(
     let Some(source) = Arc::into_inner(source) else {
         return Err("bare consumer: a worker outlived the run".into());
     };
-    source.into_inner().close().await;
+    source.into_inner().0.close().await;
     match acked.load(Ordering::Relaxed) {
         a if a == n => Ok(()),
         a => Err(format!("bare consumer: {a} of {n} acks went through").into()),

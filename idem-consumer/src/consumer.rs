@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
@@ -9,7 +10,6 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use idem_runtime::{Error, Idem, Key, Optimistic, Options};
-use std::panic::AssertUnwindSafe;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinSet;
 
@@ -261,10 +261,11 @@ impl<E: Effect> Consumer<E> {
             biased;
             () = shutdown => {
                 let _ = stop.send(true);
-                while workers.join_next().await.is_some() {}
             }
             () = all_done => {}
         }
+        // The deliveries in flight finish and settle.
+        while workers.join_next().await.is_some() {}
         // Every worker is gone, and with it every other handle on the source.
         if let Some(pull) = Arc::into_inner(pull) {
             pull.into_inner().source.close().await;
