@@ -145,6 +145,22 @@ pub enum ClaimOutcome {
     },
     /// [`ClaimKind::Token`] only: there is no such token (never issued, or expired).
     Missing,
+    /// Nothing was claimed: the record is free to take (absent, released, its lease
+    /// ended, an issued token), but it has a live step journal written for another
+    /// payload. A journal records the effects made for one payload, so a claim whose
+    /// fingerprint differs from the journal's must never resume from it: the caller
+    /// gets [`Error::PayloadMismatch`](crate::Error::PayloadMismatch), and the original
+    /// payload resumes later.
+    ///
+    /// Only a store with a [`JournalStore`](super::JournalStore) answers it, to dedup
+    /// and token claims, and only when both the request and the journal have a
+    /// fingerprint and the two differ (a journal or a request without one is accepted,
+    /// as [`Completed`](Self::Completed) records are). A journal's fingerprint is the
+    /// one of the last claim with a fingerprint that wrote a step to it.
+    OtherPayload {
+        /// The fingerprint the journal was written under.
+        fingerprint: Fingerprint,
+    },
 }
 
 /// A one-shot notification that a record may have changed.

@@ -157,6 +157,8 @@ where
             }
         }
         Some(ClaimOutcome::Missing) => Error::TokenInvalid { key },
+        // A journal of another payload's effects: this payload must not resume from it.
+        Some(ClaimOutcome::OtherPayload { .. }) => Error::PayloadMismatch { key },
         None | Some(ClaimOutcome::Busy { .. }) => Error::InProgress { key },
     };
     observe::failed(opts, &key, &refused);

@@ -63,6 +63,7 @@ where
             C::decode_shared(key, &value).map(Some)
         }
         Some(ClaimOutcome::Missing) => Err(Error::TokenInvalid { key: *key }),
+        Some(ClaimOutcome::OtherPayload { .. }) => Err(Error::PayloadMismatch { key: *key }),
         None | Some(ClaimOutcome::Busy { .. }) => Err(Error::InProgress { key: *key }),
     }
 }

@@ -129,6 +129,7 @@ macro_rules! __conformance_cases {
             steps::step_misuse_is_an_error,
             steps::steps_resume_a_returned_token,
             steps::forget_drops_the_journal,
+            step_edges::another_payload_never_resumes_a_journal,
         }
     };
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{DigestHasher, MemoryStore, Shard, State, ready};
 use crate::store::{BoxFuture, ClaimOutcome, Journal, JournalEntry, JournalStore, Owner};
-use crate::{Error, Key};
+use crate::{Error, Fingerprint, Key};
 
 /// A shard's journals, swept like its records: when the map has doubled since the last
 /// sweep (and with every sweep of the records).
@@ -24,6 +24,8 @@ pub(super) struct Journals {
 struct Slot {
     entries: Journal,
     expires_at: Instant,
+    /// The payload the entries were written for: that of the last writer that had one.
+    fingerprint: Option<Fingerprint>,
 }
 
 const MIN_SWEEP: usize = 16;
@@ -54,6 +56,19 @@ impl Journals {
 }
 
 impl Shard {
+    /// The journal's fingerprint, if `key` has a live journal written for another
+    /// payload than `fingerprint`: a claim must then not take the record.
+    pub(super) fn other_payload(
+        &mut self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+    ) -> Option<Fingerprint> {
+        let ours = fingerprint?;
+        let theirs = self.journals.live(key, now)?.fingerprint?;
+        (ours != theirs).then_some(theirs)
+    }
+
     /// The answer to a dedup or token claim that has just taken `key`: `Resumed` with a
     /// copy of its live journal, if it has one (the journal stays: a release keeps it).
     pub(super) fn claimed(&mut self, key: &Key, now: Instant) -> ClaimOutcome {
@@ -77,19 +92,21 @@ impl MemoryStore {
     ) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        let held = matches!(
-            shard.live(key, now),
-            Some(e) if matches!(e.state, State::InProgress { owner: o, lease_until, .. }
-                if o == owner && lease_until > now)
-        );
-        if !held {
-            return false;
-        }
+        let fingerprint = match shard.live(key, now) {
+            Some(e)
+                if matches!(e.state, State::InProgress { owner: o, lease_until, .. }
+                if o == owner && lease_until > now) =>
+            {
+                e.fingerprint
+            }
+            _ => return false,
+        };
         let entry = JournalEntry::new(name, value, SystemTime::now());
         let expires_at = now + ttl;
         match shard.journals.live(key, now) {
             Some(slot) => {
                 slot.expires_at = expires_at;
+                slot.fingerprint = fingerprint.or(slot.fingerprint);
                 match slot.entries.iter_mut().find(|e| e.name == name) {
                     Some(e) => *e = entry,
                     None => slot.entries.push(entry),
@@ -102,6 +119,7 @@ impl MemoryStore {
                     Box::new(Slot {
                         entries: vec![entry],
                         expires_at,
+                        fingerprint,
                     }),
                 );
                 if j.map.len() >= MIN_SWEEP.max(j.swept_at * 2) {

@@ -166,6 +166,12 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(key);
         let lease_until = now + req.lease;
+        // Asked before the record is looked at (the borrow of one excludes the other); it
+        // costs nothing to a claim without a fingerprint or a shard without journals.
+        let other = match req.kind {
+            ClaimKind::Lock => None,
+            _ => shard.other_payload(key, req.fingerprint, now),
+        };
         if let Some(e) = shard.live(key, now) {
             match &e.state {
                 State::Completed { value, memo } => {
@@ -198,8 +204,12 @@ impl MemoryStore {
                         None,
                     );
                 }
-                // An issued token, or a token claim whose lease ended: take it.
+                // An issued token, or a token claim whose lease ended: take it, unless
+                // its journal records another payload's effects.
                 State::Issued | State::InProgress { .. } => {
+                    if let Some(fingerprint) = other {
+                        return (ClaimOutcome::OtherPayload { fingerprint }, None);
+                    }
                     let token_expires = match e.state {
                         State::InProgress { token_expires, .. } => token_expires,
                         _ => Some(e.expires_at),
@@ -224,6 +234,9 @@ impl MemoryStore {
         let fence = if req.kind == ClaimKind::Lock {
             self.fence.fetch_add(1, Ordering::Relaxed) + 1
         } else {
+            if let Some(fingerprint) = other {
+                return (ClaimOutcome::OtherPayload { fingerprint }, None);
+            }
             0
         };
         shard.insert(

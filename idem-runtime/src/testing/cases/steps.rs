@@ -9,7 +9,7 @@ use crate::{StepCtx, Verified, step};
 static STEPS: Options = Options::dedup("conformance::steps").wait(Duration::from_secs(20));
 
 /// Whether `store` keeps no step journal; then the case is skipped, loudly.
-fn no_journal(store: &Arc<dyn Store>, case: &str) -> bool {
+pub(super) fn no_journal(store: &Arc<dyn Store>, case: &str) -> bool {
     if store.journal().is_some() {
         return false;
     }
