@@ -99,6 +99,8 @@ pub(crate) enum StepOutcome {
     Replayed,
     Verified,
     Failed,
+    /// The step ran, and its journal write could not reach the store.
+    Unjournaled,
 }
 
 impl StepOutcome {
@@ -108,6 +110,7 @@ impl StepOutcome {
             StepOutcome::Replayed => "replayed",
             StepOutcome::Verified => "verified",
             StepOutcome::Failed => "failed",
+            StepOutcome::Unjournaled => "unjournaled",
         }
     }
 }

@@ -1,18 +1,14 @@
 //! What a claimed body knows of its own call: the key it holds, from which
 //! [`call_key`] derives a downstream idempotency key, the keys its task already
 //! holds, so that a function calling itself with its own key fails at once instead of
-//! waiting for itself, and what its durable steps need (see [`super::step`]).
+//! waiting for itself, and its durable steps' frame (see [`super::step::frame`]).
 
-use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-
-use crate::store::{Journal, JournalEntry, Owner, Store};
-use crate::{Error, Key};
+use super::step::frame::StepFrame;
+use crate::Key;
 
 tokio::task_local! {
     static CALL: Frame;
@@ -38,111 +34,12 @@ struct Link {
     outer: Option<Arc<Link>>,
 }
 
-/// The claim a body's steps write under, the journal its claim returned, and the step
-/// names the call has used.
-pub(crate) struct StepFrame {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) owner: Owner,
-    /// How long the journal lives after a write: the record's ttl.
-    pub(crate) ttl: Duration,
-    /// The function's path, for the steps' span and metric.
-    pub(crate) function: &'static str,
-    /// Allocated by the first step (or by the claim, when it returned a journal), so a
-    /// body without steps pays nothing for it.
-    state: RefCell<Option<Box<StepState>>>,
-}
-
-#[derive(Default)]
-struct StepState {
-    /// The journal the claim returned, by step name.
-    journal: Vec<JournalEntry>,
-    /// Step names this call has used.
-    used: Vec<Box<str>>,
-}
-
-impl StepFrame {
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        owner: Owner,
-        ttl: Duration,
-        function: &'static str,
-        journal: Option<Journal>,
-    ) -> Self {
-        let state = journal.map(|journal| {
-            Box::new(StepState {
-                journal,
-                used: Vec::new(),
-            })
-        });
-        StepFrame {
-            store,
-            owner,
-            ttl,
-            function,
-            state: RefCell::new(state),
-        }
-    }
-}
-
-/// What a step starting in this task needs to know: where to write, and what the
-/// journal holds for it.
-pub(crate) struct StepStart {
-    pub(crate) key: Key,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) owner: Owner,
-    pub(crate) ttl: Duration,
-    pub(crate) function: &'static str,
-    /// `None`: no entry; `Some(None)`: an intent without a result; `Some(Some(v))`: done.
-    pub(crate) journaled: Option<Option<Bytes>>,
-}
-
-/// Starts step `name` in the body running in this task: checks that there is a claimed
-/// dedup or token body, and that `name` is new in this call, and takes the step's entry
-/// from the journal the claim returned.
-pub(crate) fn start_step(name: &str) -> Result<StepStart, Error> {
-    let outside = || Error::StepOutsideClaim {
-        step: name.to_owned(),
-    };
-    CALL.try_with(|f| {
-        let steps = f.steps.as_ref().ok_or_else(outside)?;
-        let mut state = steps.state.borrow_mut();
-        let state = state.get_or_insert_with(Box::default);
-        if state.used.iter().any(|n| **n == *name) {
-            return Err(Error::StepReused {
-                key: f.key,
-                step: name.to_owned(),
-            });
-        }
-        state.used.push(name.into());
-        let journaled = state
-            .journal
-            .iter()
-            .position(|e| e.name == name)
-            .map(|i| state.journal.swap_remove(i).value);
-        Ok(StepStart {
-            key: f.key,
-            store: steps.store.clone(),
-            owner: steps.owner,
-            ttl: steps.ttl,
-            function: steps.function,
-            journaled,
-        })
-    })
-    .unwrap_or_else(|_| Err(outside()))
-}
-
-/// Step `name` of the body running in this task ended in an `Err`: nothing of it was
-/// journaled, so the call may try it again under the same name (and so the same
-/// downstream key), as a loop retrying a declined charge does.
-pub(crate) fn step_failed(name: &str) {
-    let _ = CALL.try_with(|f| {
-        if let Some(steps) = f.steps.as_ref()
-            && let Some(state) = steps.state.borrow_mut().as_mut()
-            && let Some(i) = state.used.iter().position(|n| **n == *name)
-        {
-            state.used.swap_remove(i);
-        }
-    });
+/// Runs `f` with the key and the step frame of the claimed dedup or token body running
+/// in this task; `None` outside one (no call, a lock's body, a spawned task).
+pub(crate) fn with_steps<R>(f: impl FnOnce(Key, &StepFrame) -> R) -> Option<R> {
+    CALL.try_with(|c| c.steps.as_ref().map(|s| f(c.key, s)))
+        .ok()
+        .flatten()
 }
 
 /// `body`, run with `key` as the claim its task holds. The frames of calls nested in

@@ -10,9 +10,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
+use super::step::frame;
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Op};
-use crate::store::{BoxFuture, ClaimOutcome, ClaimRequest, Memo, Owner, Store, Subscription};
+use crate::store::{
+    BoxFuture, ClaimOutcome, ClaimRequest, Journal, Memo, Owner, Store, Subscription,
+};
 use crate::{Error, Fingerprint, Key};
 
 /// Polling steps for stores whose subscriptions never fire (or when subscribing failed).
@@ -391,6 +394,33 @@ impl ClaimGuard {
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
+
+    /// Dropped disarmed: the body returned, so its claim is settled, never released.
+    pub(crate) fn disarmed(mut self) {
+        self.disarm();
+    }
+
+    /// Releases the claim once every journal write in flight has answered (each holds a
+    /// share of `writes`): a release that overtook a finished step's write would make the
+    /// owner check refuse it, and the next attempt would run the step again.
+    pub(crate) fn release_after(mut self, writes: Arc<tokio::sync::RwLock<()>>) {
+        self.disarm();
+        let (store, key, owner) = (self.store.clone(), self.key, self.owner);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let _all = writes.write_owned().await;
+                    if let Err(e) = store.release(&key, owner).await {
+                        tracing::warn!(%key, error = %e, "releasing a cancelled claim failed; it ends with its lease");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                %key,
+                "claim dropped outside a tokio runtime; it ends with its lease"
+            ),
+        }
+    }
 }
 
 impl Drop for ClaimGuard {
@@ -489,6 +519,7 @@ pub(crate) async fn with_heartbeat<F: Future>(
     // that is ready at once never touches the timer wheel.
     let mut timer: Option<Pin<Box<Sleep>>> = None;
     let mut renewing: Option<BoxFuture<'_, Result<bool, Error>>> = None;
+    let mut sent = Instant::now();
     let mut lost = false;
     let out = poll_fn(|cx| {
         if let Poll::Ready(out) = body.as_mut().poll(cx) {
@@ -501,9 +532,11 @@ pub(crate) async fn with_heartbeat<F: Future>(
                 };
                 renewing = None;
                 match res {
-                    Ok(true) => {}
+                    // The body's steps learn how long the claim is theirs.
+                    Ok(true) => frame::heartbeat(owner, Some(sent)),
                     Ok(false) => {
                         lost = true;
+                        frame::heartbeat(owner, None);
                         tracing::warn!(%key, "lease lost while the body runs");
                         break;
                     }
@@ -523,6 +556,7 @@ pub(crate) async fn with_heartbeat<F: Future>(
                     break;
                 }
                 let local = store.local().is_some();
+                sent = Instant::now();
                 let renew = store.renew(key, owner, lease);
                 renewing = Some(Box::pin(observe::store_call(local, Op::Renew, renew)));
             }
@@ -531,4 +565,20 @@ pub(crate) async fn with_heartbeat<F: Future>(
     })
     .await;
     (out, lost)
+}
+
+/// A claim's answer as the strategies get it: the outcome (`None`: the wait ran out),
+/// what the store's fast path kept beside it, and whether the call waited.
+pub(crate) type Claimed<X> = Result<(Option<ClaimOutcome>, X, bool), Error>;
+
+/// Splits a claim's answer into the answer strategies know (`Resumed` read as
+/// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
+pub(crate) fn take_journal<X>(claimed: Claimed<X>) -> (Claimed<X>, Option<Journal>) {
+    match claimed {
+        Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
+            Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),
+            Some(journal),
+        ),
+        other => (other, None),
+    }
 }

@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::call_ctx::{self, StepFrame};
+use super::call_ctx;
 use super::claiming::{
-    ClaimGuard, claim_memo, retry_settle, settle, undo_uncertain_claim, with_heartbeat,
+    ClaimGuard, claim_memo, retry_settle, settle, take_journal, undo_uncertain_claim,
+    with_heartbeat,
 };
-use super::step::take_journal;
+use super::step::frame::{self, StepFrame};
 use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
@@ -198,15 +199,29 @@ where
     async move {
         let store = idem.store();
         // While the body runs, a drop (cancellation or panic) releases the claim: the
-        // body stopped before its end, and a retry must be able to run it.
-        let mut guard = ClaimGuard::new(store.clone(), key, owner);
-        let steps = StepFrame::new(store.clone(), owner, opts.ttl, opts.name(), journal);
-        let body = call_ctx::scope_steps(key, steps, body);
-        let (mut result, lost) = with_heartbeat(&**store, &key, owner, opts.lease, body).await;
-        // The body has returned, so its effect has happened: from here a drop never
-        // releases. The completion (or the release an `Err` asks for) is finished in
-        // the background instead (see `settle`).
-        guard.disarm();
+        // body stopped before its end, and a retry must be able to run it. The guard
+        // lives in the body's step frame, so the release waits for the journal writes
+        // still in flight.
+        let guard = ClaimGuard::new(store.clone(), key, owner);
+        let steps = StepFrame::new(
+            guard,
+            store.clone(),
+            owner,
+            (opts.lease, opts.ttl),
+            opts.name(),
+            journal,
+        );
+        let lease = opts.lease;
+        // The heartbeat runs inside the frame, so the steps know when it renewed.
+        let (mut result, lost) = call_ctx::scope_steps(key, steps, async {
+            let out = with_heartbeat(&**store, &key, owner, lease, body).await;
+            // The body has returned, so its effect has happened: from here a drop never
+            // releases. The completion (or the release an `Err` asks for) is finished in
+            // the background instead (see `settle`).
+            frame::body_returned();
+            out
+        })
+        .await;
         // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
         // the rare failed call encodes them again below.
         let mut marked = false;

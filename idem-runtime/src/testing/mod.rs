@@ -130,6 +130,12 @@ macro_rules! __conformance_cases {
             steps::steps_resume_a_returned_token,
             steps::forget_drops_the_journal,
             step_edges::another_payload_never_resumes_a_journal,
+            step_edges::dropped_while_a_step_is_journaled_never_reruns_it,
+            step_edges::timeout_sweep_over_steps_never_reruns_one,
+            step_edges::verified_retried_in_call_asks_verify,
+            step_edges::stale_holder_runs_no_later_step,
+            step_edges::in_call_retries_replay_or_run_once,
+            step_edges::journal_outlives_a_slow_failure,
         }
     };
 }

@@ -50,11 +50,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
-use super::call_ctx::{self, StepStart};
-use crate::Error;
+use self::frame::{Journaled, StepStart};
+use super::call_ctx;
+use super::claiming::Finishing;
 use crate::codec::{decode_step, encode_step};
 use crate::observe::{self, StepOutcome};
-use crate::store::{ClaimOutcome, Journal};
+use crate::store::BoxFuture;
+use crate::{Error, Key};
+
+pub(crate) mod frame;
 
 /// What a step's closure gets: its downstream idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,13 +86,26 @@ impl StepCtx {
 /// Errors (as `E`, through `From<Error>`), each before `f` runs:
 /// [`Error::StepOutsideClaim`] outside a claimed dedup or token body (no silent plain
 /// run); [`Error::StepReused`] for a name this call already used for a step that did
-/// not fail (loops name their steps: `&format!("mail:{i}")`; a step that returned `Err`
-/// may be tried again under its own name, with the same [`StepCtx::key`]); [`Error::Unsupported`] on a store without a step
-/// journal; a [`Error::Codec`] if a journaled value does not decode as `T`.
+/// not fail (loops name their steps: `&format!("mail:{i}")`); [`Error::LeaseLost`] once
+/// the call no longer owns its claim (the store refused one of its writes, or its lease
+/// ran out by this process's clock without a renewal: a process paused past its lease);
+/// [`Error::Unsupported`] on a store without a step journal; a [`Error::Codec`] naming
+/// the step if a journaled value does not decode as `T`.
 ///
-/// A journal write that fails after `f` succeeded (a store error, a lost lease) is
-/// logged and the value returned: the effect happened, and [`StepCtx::key`] lets the
-/// downstream deduplicate the step should a later attempt run it again.
+/// Within one call, a step that did not finish (it returned `Err`, or a `select!` in
+/// the body dropped it) may be tried again under its own name, with the same
+/// [`StepCtx::key`]; an outer step tried again replays the inner steps that finished
+/// inside it.
+///
+/// `f`'s value is encoded and decoded back before it is journaled: a value that does
+/// not round-trip (a field skipped when serialized and required when deserialized) is
+/// an [`Error::Codec`] naming the step, and nothing is journaled. The journal write
+/// finishes even if the call is dropped meanwhile (and a release the drop makes waits
+/// for it). A write that still cannot land (the store is down) is logged and counted as
+/// `idem_steps_total{outcome="unjournaled"}`, and the value returned: the effect
+/// happened, and [`StepCtx::key`] lets the downstream deduplicate the step should a
+/// later attempt run it again. A write refused because the claim was lost returns the
+/// value too, and no later step of the call runs.
 pub async fn step<T, E, F, Fut>(name: &str, f: F) -> Result<T, E>
 where
     F: FnOnce(StepCtx) -> Fut,
@@ -191,7 +208,7 @@ where
     A: Future<Output = Result<(T, StepOutcome), E>>,
     E: From<Error>,
 {
-    let start = match call_ctx::start_step(name) {
+    let start = match frame::start(name) {
         Ok(start) => start,
         Err(e) => {
             tracing::error!(step = name, error = %e, "durable step refused");
@@ -199,18 +216,31 @@ where
         }
     };
     let function = start.function;
+    // A step that does not finish (an `Err`, a drop) frees its name for another try.
+    let mut running = Running(Some(start.id));
     let span = observe::step_span(function, name);
     let out = attempt(start).instrument(span.clone()).await;
     let _entered = span.enter();
     match out {
         Ok((value, outcome)) => {
+            running.0 = None;
             observe::step_ended(function, outcome);
             Ok(value)
         }
         Err(e) => {
             observe::step_ended(function, StepOutcome::Failed);
-            call_ctx::step_failed(name);
             Err(e)
+        }
+    }
+}
+
+/// A step that has not finished: dropped, it frees its name (see [`frame::stopped`]).
+struct Running(Option<u32>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            frame::stopped(id);
         }
     }
 }
@@ -238,69 +268,176 @@ where
         key: call_ctx::step_key(&key, name),
     };
     match (&start.journaled, verify) {
-        (Some(Some(bytes)), _) => {
-            let value = decode_step::<T>(&key, bytes)?;
+        (Journaled::Done(bytes), _) => {
+            let value = decode_step::<T>(&key, bytes).map_err(|e| named(e, name))?;
             return Ok((value, StepOutcome::Replayed));
         }
-        (Some(None), Some(verify)) => {
-            // An earlier attempt started the effect; whether it landed is unknown.
-            if let Some(value) = verify(ctx()).await? {
-                journal(&start, name, &value).await;
-                return Ok((value, StepOutcome::Verified));
+        (Journaled::Intent, Some(verify)) => {
+            // An earlier try (of this call or another) started the effect; whether it
+            // landed is unknown: ask before running it again.
+            frame::check_owned()?;
+            if let Some(value) = frame::within(&start, verify(ctx())).await? {
+                let outcome = journal(&start, name, &value).await?;
+                return Ok((value, outcome.unless(StepOutcome::Verified)));
             }
         }
         // An intent left by a verified step of an older build: run it, as asked.
-        (Some(None), None) => {}
-        (None, Some(_)) => {
+        (Journaled::Intent, None) => {}
+        (Journaled::Absent, Some(_)) => {
             // The intent must be recorded before the effect can start: without it a
-            // later attempt could not know to ask `verify`.
+            // later try could not know to ask `verify`.
+            frame::check_owned()?;
             match write(&start, name, None).await {
-                Ok(true) => {}
-                Ok(false) => return Err(Error::LeaseLost { key }.into()),
+                Ok(true) => frame::remember(name, Journaled::Intent),
+                Ok(false) => {
+                    frame::claim_lost();
+                    return Err(Error::LeaseLost { key }.into());
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        (None, None) => {}
+        (Journaled::Absent, None) => {}
     }
-    let value = f(ctx()).await?;
-    journal(&start, name, &value).await;
-    Ok((value, StepOutcome::Ran))
+    frame::check_owned()?;
+    let value = frame::within(&start, f(ctx())).await?;
+    let outcome = journal(&start, name, &value).await?;
+    Ok((value, outcome.unless(StepOutcome::Ran)))
 }
 
-/// Journals a finished step's value. A failure is logged, not returned: the effect
-/// happened, and the caller gets its value.
-async fn journal<T: Serialize>(start: &StepStart, name: &str, value: &T) {
-    let key = &start.key;
-    let bytes = match encode_step(key, value) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            tracing::error!(%key, step = name, error = %e, "a step's value does not serialize; \
-                not journaled, so a later attempt runs the step again");
-            return;
+/// The step's value as the journal would hold it: encoded, and checked to decode back,
+/// so that nothing unreadable is ever journaled.
+fn sealed<T: Serialize + DeserializeOwned>(
+    key: &Key,
+    name: &str,
+    value: &T,
+) -> Result<Bytes, Error> {
+    let bytes = encode_step(key, value).map_err(|e| named(e, name))?;
+    match decode_step::<T>(key, &bytes) {
+        Ok(_) => Ok(bytes),
+        Err(e) => Err(named(
+            Error::Codec {
+                key: *key,
+                message: format!(
+                    "its value does not deserialize from what it serialized to, so it \
+                     cannot be replayed; not journaled ({e})"
+                ),
+            },
+            name,
+        )),
+    }
+}
+
+/// A codec error that names the step it is about.
+fn named(e: Error, name: &str) -> Error {
+    match e {
+        Error::Codec { key, message } => Error::Codec {
+            key,
+            message: format!("step {name:?}: {message}"),
+        },
+        e => e,
+    }
+}
+
+/// Whether a finished step's write reached the journal.
+#[derive(Clone, Copy)]
+enum Written {
+    Yes,
+    /// The store could not be reached: counted as `unjournaled`.
+    No,
+}
+
+impl Written {
+    fn unless(self, outcome: StepOutcome) -> StepOutcome {
+        match self {
+            Written::Yes => outcome,
+            Written::No => StepOutcome::Unjournaled,
         }
-    };
-    match write(start, name, Some(bytes)).await {
-        Ok(true) => {}
+    }
+}
+
+/// Journals a finished step's value: the call knows it at once (a retry within the call
+/// replays it), and the write finishes even if the call is dropped. A value that does
+/// not round-trip is the step's error. A write that fails is logged, not returned: the
+/// effect happened, and the caller gets its value.
+async fn journal<T: Serialize + DeserializeOwned>(
+    start: &StepStart,
+    name: &str,
+    value: &T,
+) -> Result<Written, Error> {
+    let bytes = sealed(&start.key, name, value)?;
+    frame::remember(name, Journaled::Done(bytes.clone()));
+    let done = write(start, name, Some(bytes)).await;
+    Ok(written(start.key, name, start.function, done, true))
+}
+
+/// What a journal write's answer means, logged and counted. `in_call`: the call is still
+/// there to learn that its claim is lost.
+fn written(
+    key: Key,
+    name: &str,
+    function: &'static str,
+    done: Result<bool, Error>,
+    in_call: bool,
+) -> Written {
+    match done {
+        Ok(true) => Written::Yes,
         Ok(false) => {
             observe::lease_lost();
-            tracing::warn!(%key, step = name, "the claim was lost before the step was journaled");
+            if in_call {
+                frame::claim_lost();
+            }
+            tracing::warn!(%key, step = name, "the claim was lost before the step was \
+                journaled; no later step of this call runs");
+            Written::Yes
         }
         Err(e) => {
+            if !in_call {
+                observe::step_ended(function, StepOutcome::Unjournaled);
+            }
             tracing::warn!(%key, step = name, error = %e, "could not journal the step; a later \
                 attempt runs it again (its downstream key lets the downstream deduplicate it)");
+            Written::No
         }
     }
 }
 
-/// One owner-checked journal write.
+/// One owner-checked journal write, that finishes even if the call is dropped.
+///
+/// A remote store applies a write once the request has left, whether or not anyone
+/// reads the answer; and a step's effect has happened, so its entry must land. Dropped
+/// before the answer, the write goes on in a task of its own, holding a share of the
+/// call's in-flight writes: the release that the drop makes waits for it (see
+/// [`frame::write_permit`]). An in-process store answers on the first poll, so its
+/// write is awaited directly.
 async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bool, Error> {
-    match start.store.journal() {
-        Some(j) => {
-            j.write_step(&start.key, start.owner, name, value, start.ttl)
-                .await
-        }
-        None => Err(Error::Unsupported("durable steps (a step journal)")),
+    let Some(journal) = start.store.journal() else {
+        return Err(Error::Unsupported("durable steps (a step journal)"));
+    };
+    if start.store.local().is_some() {
+        return journal
+            .write_step(&start.key, start.owner, name, value, start.ttl)
+            .await;
     }
+    let permit = frame::write_permit();
+    let (store, key, owner, ttl, step) = (
+        start.store.clone(),
+        start.key,
+        start.owner,
+        start.ttl,
+        name.to_owned(),
+    );
+    let sent: BoxFuture<'static, Result<bool, Error>> = Box::pin(async move {
+        let _permit = permit;
+        match store.journal() {
+            Some(j) => j.write_step(&key, owner, &step, value, ttl).await,
+            None => Err(Error::Unsupported("durable steps (a step journal)")),
+        }
+    });
+    let (step, function) = (name.to_owned(), start.function);
+    Finishing::new(sent, move |done| {
+        written(key, &step, function, done, false);
+    })
+    .await
 }
 
 /// Runs `f` as the *transactional* durable step `name`: in a transaction of the store's
@@ -374,12 +511,14 @@ where
     E: From<Error>,
 {
     let key = start.key;
-    if let Some(Some(bytes)) = &start.journaled {
-        return Ok((decode_step::<T>(&key, bytes)?, StepOutcome::Replayed));
+    if let Journaled::Done(bytes) = &start.journaled {
+        let value = decode_step::<T>(&key, bytes).map_err(|e| named(e, name))?;
+        return Ok((value, StepOutcome::Replayed));
     }
     let Some(store) = start.store.transactional() else {
         return Err(Error::Unsupported("transactional steps (a SQL store)").into());
     };
+    frame::check_owned()?;
     let mut tx: Box<sqlx::Transaction<'static, DB>> =
         store.begin_step().await?.downcast().map_err(|_| {
             Error::Config(format!(
@@ -391,32 +530,18 @@ where
         key: call_ctx::step_key(&key, name),
     };
     // An `Err`, or a panic, drops the transaction: rolled back.
-    let value = f(ctx, &mut tx).await?;
-    let bytes = encode_step(&key, &value)?;
+    let value = frame::within(&start, f(ctx, &mut tx)).await?;
+    let bytes = sealed(&key, name, &value)?;
     let conn: &mut DB::Connection = &mut tx;
     if !store
         .write_step_in(conn, &key, start.owner, name, &bytes, start.ttl)
         .await?
     {
         observe::lease_lost();
+        frame::claim_lost();
         return Err(Error::LeaseLost { key }.into());
     }
     tx.commit().await.map_err(Error::store)?;
+    frame::remember(name, Journaled::Done(bytes));
     Ok((value, StepOutcome::Ran))
-}
-
-/// A claim's answer as the strategies get it: the outcome (`None`: the wait ran out),
-/// what the store's fast path kept beside it, and whether the call waited.
-pub(crate) type Claimed<X> = Result<(Option<ClaimOutcome>, X, bool), Error>;
-
-/// Splits a claim's answer into the answer strategies know (`Resumed` read as
-/// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
-pub(crate) fn take_journal<X>(claimed: Claimed<X>) -> (Claimed<X>, Option<Journal>) {
-    match claimed {
-        Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
-            Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),
-            Some(journal),
-        ),
-        other => (other, None),
-    }
 }
