@@ -18,6 +18,11 @@
 //!   token) and finds a live, non-empty journal answers
 //!   [`ClaimOutcome::Resumed`](super::ClaimOutcome::Resumed) with it, **in the same atomic
 //!   step and round trip** as the claim; a lock claim never does;
+//! - a dedup or token claim that would take the record while it has a live journal
+//!   written for another payload changes nothing and answers
+//!   [`ClaimOutcome::OtherPayload`](super::ClaimOutcome::OtherPayload), decided in the
+//!   same atomic step (the journal's fingerprint is that of the last claim with one that
+//!   wrote a step: the record's own, while it is held);
 //! - [`Store::complete`](super::Store::complete) and [`Store::forget`](super::Store::forget)
 //!   drop it in the same atomic step;
 //! - [`JournalStore::read_journal`] reads it for operators, changing nothing.

@@ -11,7 +11,10 @@
 //! dropped, or its process dies (past its lease), the next attempt gets the journal with
 //! its claim (no extra round trip) and replays those two steps from it, running only
 //! what is left. It is dropped when the call completes, when the key is forgotten, or
-//! with the record's ttl (counted from the last step written).
+//! the record's lease plus its ttl after the last step written (so a body slower than
+//! its ttl that then fails still leaves its journal). A journal belongs to the payload
+//! whose effects it records: while it lives, a call with another fingerprint under the
+//! same key is refused with [`Error::PayloadMismatch`], and the original resumes.
 //!
 //! [`StepCtx::key`] is a stable downstream idempotency key per (record, step): pass it
 //! to a gateway, so that a crash *inside* a step (after the gateway charged, before the
