@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, StateMachine, Step};
+use idem_runtime::{Error, Idem, Moved, StateMachine};
 
 mod rng;
 
@@ -85,8 +85,8 @@ impl Workflow {
         };
         let tally = &self.tally;
         match step {
-            Ok(Step::Performed { .. }) => tally.performed.fetch_add(1, Ordering::Relaxed),
-            Ok(Step::AlreadyThere) => tally.already.fetch_add(1, Ordering::Relaxed),
+            Ok(Moved::Performed { .. }) => tally.performed.fetch_add(1, Ordering::Relaxed),
+            Ok(Moved::AlreadyThere) => tally.already.fetch_add(1, Ordering::Relaxed),
             Err(Error::InvalidTransition { .. }) => tally.refused.fetch_add(1, Ordering::Relaxed),
             Err(Error::Config(msg)) if msg == "carrier unavailable" => {
                 tally.carrier_failures.fetch_add(1, Ordering::Relaxed)

@@ -221,7 +221,7 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// ```
 /// use std::sync::LazyLock;
-/// use idem_runtime::{Error, Idem, StateMachine, Step, transition};
+/// use idem_runtime::{Error, Idem, StateMachine, Moved, transition};
 ///
 /// static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 ///     StateMachine::builder("shop::order")
@@ -237,9 +237,9 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 /// #[derive(Debug, PartialEq)]
 /// struct Parcel(u64);
 ///
-/// // The function returns `Result<Step<T>, E>`; the body yields `Result<T, E>`.
+/// // The function returns `Result<Moved<T>, E>`; the body yields `Result<T, E>`.
 /// #[transition(machine = ORDER, key = "{order_id}", to = "shipped")]
-/// async fn ship(order_id: u64) -> Result<Step<Parcel>, Error> {
+/// async fn ship(order_id: u64) -> Result<Moved<Parcel>, Error> {
 ///     // call the carrier: runs once per order, for the caller that ships it
 ///     Ok(Parcel(order_id * 10))
 /// }
@@ -252,8 +252,8 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 ///     idem.transition(&ORDER, 42, "paid").await?;
 ///     let first = ship(42).await?;
 ///     let again = ship(42).await?; // a redelivered event
-///     assert_eq!(first, Step::Performed { from: Some("paid".into()), value: Parcel(420) });
-///     assert_eq!(again, Step::AlreadyThere); // shipped once
+///     assert_eq!(first, Moved::Performed { from: Some("paid".into()), value: Parcel(420) });
+///     assert_eq!(again, Moved::AlreadyThere); // shipped once
 ///
 ///     idem.transition(&ORDER, 7, "created").await?;
 ///     let early = ship(7).await; // not paid: refused, the body did not run
@@ -265,13 +265,13 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 ///
 /// The function must be an `async fn` (free, or a method taking `self` in any form)
-/// returning `Result<Step<T>, E>` (`Result<Step, E>` for `T = ()`) with
+/// returning `Result<Moved<T>, E>` (`Result<Moved, E>` for `T = ()`) with
 /// `E: From<idem_runtime::Error>`. The body is written as returning `Result<T, E>`:
 /// `Ok(value)`, `?` and early `return` work as usual. Callers get:
 ///
-/// - `Ok(Step::Performed { from, value })`: this call moved the key from `from` to `to`
+/// - `Ok(Moved::Performed { from, value })`: this call moved the key from `from` to `to`
 ///   and its body returned `Ok(value)`;
-/// - `Ok(Step::AlreadyThere)`: the key already was at `to`; the body did not run;
+/// - `Ok(Moved::AlreadyThere)`: the key already was at `to`; the body did not run;
 /// - `Err(Error::InvalidTransition { from, to }.into())`: the table does not allow the
 ///   move from the current state; the body did not run;
 /// - the body's own `Err`: the move is dropped, the key stays where it was, and a retry
@@ -297,7 +297,7 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Misuse is a compile error at the offending token: a non-async function, a missing,
 /// unknown or repeated option, a `machine` that is not a path to a `StateMachine`, a `to`
 /// that is not a string, a key placeholder that names no parameter, a return type that is
-/// not `Result<Step<T>, E>`, an error type without `From<idem_runtime::Error>`.
+/// not `Result<Moved<T>, E>`, an error type without `From<idem_runtime::Error>`.
 #[proc_macro_attribute]
 pub fn transition(args: TokenStream, item: TokenStream) -> TokenStream {
     transition::expand(args.into(), item.into()).into()

@@ -112,7 +112,7 @@ fn expand_fn(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
     );
     let body_ty = if func.attrs.iter().any(|a| is_named(a, "transition")) {
         // Above #[transition], the body yields `Result<T, E>` while the function returns
-        // `Result<Step<T>, E>`. A return type #[transition] refuses is reported by it.
+        // `Result<Moved<T>, E>`. A return type #[transition] refuses is reported by it.
         match transition::body_type(sig) {
             Ok(body_ty) => Some(body_ty),
             Err(_) => {
@@ -234,7 +234,7 @@ mod tests {
 
         let moved = transition::expand(
             quote!(machine = ORDER, key = "{id}", to = "shipped"),
-            quote! { async fn f(id: u64) -> Result<Step<u64>, E> { Ok(id) } },
+            quote! { async fn f(id: u64) -> Result<Moved<u64>, E> { Ok(id) } },
         );
         let moved: ItemFn = syn::parse2(moved).expect("an fn");
         assert!(is_idem_expansion(&moved.block));

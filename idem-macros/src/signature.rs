@@ -71,7 +71,7 @@ impl<'a> ResultType<'a> {
         self.args.first().copied()
     }
 
-    /// The same type with `T` replaced by `ok`: `Result<Step<T>, E>` to `Result<T, E>`.
+    /// The same type with `T` replaced by `ok`: `Result<Moved<T>, E>` to `Result<T, E>`.
     pub(crate) fn with_ok(&self, ok: Type) -> Type {
         let mut ty = self.whole.clone();
         if let Type::Path(path) = &mut ty
@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn with_ok_replaces_the_first_type_argument() {
         let func: ItemFn = syn::parse2(quote!(
-            fn f() -> r::Result<'a, Step<u8>, E> {}
+            fn f() -> r::Result<'a, Moved<u8>, E> {}
         ))
         .expect("an fn");
         let ty = ResultType::of(&func.sig, "").expect("a Result");

@@ -4,7 +4,7 @@
 //! The key template is the one of `#[idempotent]` (`key::Template`), checked against the
 //! signature by the same function (`signature::check_references`). The rewrite is one
 //! call into the runtime's private module with the body as an `async move` block yielding
-//! `Result<T, E>`, while the function returns `Result<Step<T>, E>`.
+//! `Result<T, E>`, while the function returns `Result<Moved<T>, E>`.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
@@ -150,14 +150,14 @@ fn parse(args: TokenStream, errors: &mut Errors) -> Option<Checked> {
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     on_fn(
         item,
-        "#[transition] goes on an `async fn` with a body returning `Result<Step<T>, E>`",
+        "#[transition] goes on an `async fn` with a body returning `Result<Moved<T>, E>`",
         |func| expand_fn(args, func),
         unexpanded,
     )
 }
 
 /// The function as written, for when the attribute has an error. Its body yields
-/// `Result<T, E>` where the signature says `Result<Step<T>, E>`, so emitting it unchanged
+/// `Result<T, E>` where the signature says `Result<Moved<T>, E>`, so emitting it unchanged
 /// would add a type error to the real one; the body is kept (type-checked, for the
 /// editor) in a block that is never run, and the function diverges.
 fn unexpanded(func: &ItemFn) -> TokenStream {
@@ -205,20 +205,20 @@ fn expand_fn(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
     }
 }
 
-/// The declared `Result<Step<T>, E>` and the `Result<T, E>` the body yields.
+/// The declared `Result<Moved<T>, E>` and the `Result<T, E>` the body yields.
 struct StepTypes<'a> {
     whole: &'a Type,
     body: Type,
 }
 
 fn step_types(sig: &Signature) -> syn::Result<StepTypes<'_>> {
-    const HOW: &str = "#[transition] needs the return type written as `Result<Step<T>, E>` \
-                       (or `Result<Step, E>` for T = ()): the caller that performs the move \
-                       gets `Step::Performed { from, value }` with the body's `Ok(value)`, the \
-                       others `Step::AlreadyThere`; `E: From<idem_runtime::Error>` carries \
+    const HOW: &str = "#[transition] needs the return type written as `Result<Moved<T>, E>` \
+                       (or `Result<Moved, E>` for T = ()): the caller that performs the move \
+                       gets `Moved::Performed { from, value }` with the body's `Ok(value)`, the \
+                       others `Moved::AlreadyThere`; `E: From<idem_runtime::Error>` carries \
                        idem's own errors, such as an invalid transition";
     let result = ResultType::of(sig, HOW)?;
-    // `Step<T>` must be visible to be rewritten to `T`, and an alias that fixes the error
+    // `Moved<T>` must be visible to be rewritten to `T`, and an alias that fixes the error
     // type would hide which of its parameters is `T`.
     let [ok, _err] = result.args.as_slice() else {
         return Err(syn::Error::new_spanned(
@@ -236,22 +236,22 @@ fn step_types(sig: &Signature) -> syn::Result<StepTypes<'_>> {
     })
 }
 
-/// The `Result<T, E>` that the body of a function returning `Result<Step<T>, E>` yields,
+/// The `Result<T, E>` that the body of a function returning `Result<Moved<T>, E>` yields,
 /// for `#[retry_on_conflict]` written above `#[transition]`.
 pub(crate) fn body_type(sig: &Signature) -> syn::Result<Type> {
     step_types(sig).map(|types| types.body)
 }
 
-/// `T` of `Step<T>` (`()` for a bare `Step`), or an error at the `Ok` type.
+/// `T` of `Moved<T>` (`()` for a bare `Moved`), or an error at the `Ok` type.
 fn step_value(ok: &Type) -> syn::Result<Type> {
     let wrong = || {
         syn::Error::new_spanned(
             ok,
             format!(
-                "#[transition] functions return `Result<Step<T>, E>`, not `Result<{}, E>`: \
-                 the caller that performs the move gets `Step::Performed {{ from, value }}` \
-                 with the body's `Ok(value)`, the others `Step::AlreadyThere`; write \
-                 `Result<Step<{}>, E>` and keep returning `Ok(value)` from the body",
+                "#[transition] functions return `Result<Moved<T>, E>`, not `Result<{}, E>`: \
+                 the caller that performs the move gets `Moved::Performed {{ from, value }}` \
+                 with the body's `Ok(value)`, the others `Moved::AlreadyThere`; write \
+                 `Result<Moved<{}>, E>` and keep returning `Ok(value)` from the body",
                 ok.to_token_stream(),
                 ok.to_token_stream()
             ),
@@ -263,12 +263,12 @@ fn step_value(ok: &Type) -> syn::Result<Type> {
     let Some(last) = path.path.segments.last() else {
         return Err(wrong());
     };
-    if last.ident != "Step" {
+    if last.ident != "Moved" && last.ident != "Step" {
         return Err(wrong());
     }
     match &last.arguments {
         PathArguments::None => Ok(syn::parse_quote_spanned!(last.ident.span()=> ())),
-        // `Step<A, B>` is reported by rustc itself; the expansion goes on with `A`.
+        // `Moved<A, B>` is reported by rustc itself; the expansion goes on with `A`.
         PathArguments::AngleBracketed(generics) => match generics.args.first() {
             Some(GenericArgument::Type(value)) => Ok(value.clone()),
             _ => Err(wrong()),

@@ -126,7 +126,9 @@ pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_o
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use strategy::state_machine::StateColumn;
-pub use strategy::state_machine::{StateMachine, StateMachineBuilder, Step};
+#[allow(deprecated)]
+pub use strategy::state_machine::Step;
+pub use strategy::state_machine::{Moved, StateMachine, StateMachineBuilder};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,

@@ -85,7 +85,7 @@ macro_rules! own_table_tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
 
         use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
-        use idem_runtime::{Error, StateColumn, Step};
+        use idem_runtime::{Error, StateColumn, Moved};
 
         type Pool = sqlx::Pool<$db>;
 
@@ -168,8 +168,8 @@ macro_rules! own_table_tests {
             let (mut performed, mut already) = (Vec::new(), 0);
             for t in tasks {
                 match t.await.unwrap() {
-                    Ok(Step::Performed { from, value }) => performed.push((from, value)),
-                    Ok(Step::AlreadyThere) => already += 1,
+                    Ok(Moved::Performed { from, value }) => performed.push((from, value)),
+                    Ok(Moved::AlreadyThere) => already += 1,
                     Err(e) => panic!("every mover succeeds: {e}"),
                 }
             }
@@ -193,7 +193,7 @@ macro_rules! own_table_tests {
             let moved: Vec<_> = steps.iter().filter(|s| s.performed()).collect();
             assert_eq!(
                 moved,
-                vec![&Step::Performed { from: Some("shipped".into()), value: () }]
+                vec![&Moved::Performed { from: Some("shipped".into()), value: () }]
             );
             assert_eq!(status(&pool, &orders, 1).await.as_deref(), Some("delivered"));
             drop_tables(&pool, [&orders, &shipments]).await;
@@ -221,7 +221,7 @@ macro_rules! own_table_tests {
             assert_eq!(status(&pool, &orders, 1).await.as_deref(), Some("created"));
 
             // A body's Err rolls the move back; the retry performs it.
-            let r: Result<Step<()>, Error> = column
+            let r: Result<Moved<()>, Error> = column
                 .transition_with(&pool, 1_i64, "paid", |tx| {
                     let sql = format!("INSERT INTO {shipments} (order_id) VALUES (1)");
                     Box::pin(async move {
@@ -235,7 +235,7 @@ macro_rules! own_table_tests {
             assert_eq!(count(&pool, format!("SELECT COUNT(*) FROM {shipments}")).await, 0);
             assert_eq!(
                 column.transition(&pool, 1_i64, "paid").await.unwrap(),
-                Step::Performed { from: Some("created".into()), value: () }
+                Moved::Performed { from: Some("created".into()), value: () }
             );
 
             // Terminal: delivered stays delivered, and a body tied to a refused move
@@ -244,7 +244,7 @@ macro_rules! own_table_tests {
                 assert!(column.transition(&pool, 1_i64, to).await.unwrap().performed());
             }
             for to in ["cancelled", "paid", "created", "shipped"] {
-                let r: Result<Step<()>, Error> = column
+                let r: Result<Moved<()>, Error> = column
                     .transition_with(&pool, 1_i64, to, |_tx| {
                         Box::pin(async { panic!("a refused move runs no body") })
                     })
@@ -256,7 +256,7 @@ macro_rules! own_table_tests {
             }
             assert_eq!(
                 column.transition(&pool, 1_i64, "delivered").await.unwrap(),
-                Step::AlreadyThere
+                Moved::AlreadyThere
             );
             assert_eq!(status(&pool, &orders, 1).await.as_deref(), Some("delivered"));
 
@@ -265,7 +265,7 @@ macro_rules! own_table_tests {
             assert!(matches!(r, Err(Error::InvalidTransition { from: None, .. })), "{r:?}");
             assert_eq!(
                 column.transition(&pool, 2_i64, "created").await.unwrap(),
-                Step::Performed { from: None, value: () }
+                Moved::Performed { from: None, value: () }
             );
 
             // No such row, no such state, bad names.
@@ -318,7 +318,7 @@ macro_rules! own_table_tests {
                 })
                 .await
                 .unwrap();
-            assert_eq!(step, Step::Performed { from: Some("paid".into()), value: 7 });
+            assert_eq!(step, Moved::Performed { from: Some("paid".into()), value: 7 });
             tx.commit().await.unwrap();
             assert_eq!(status(&pool, &orders, 7).await.as_deref(), Some("shipped"));
             assert_eq!(count(&pool, format!("SELECT COUNT(*) FROM {shipments}")).await, 1);
@@ -370,7 +370,7 @@ mod postgres {
         );
         assert_eq!(
             column.transition(&pool, 1_i64, "paid").await.unwrap(),
-            Step::AlreadyThere
+            Moved::AlreadyThere
         );
         let r = column.transition(&pool, 1_i64, "delivered").await;
         assert!(
@@ -429,7 +429,7 @@ mod postgres {
             .unwrap();
         assert_eq!(
             step,
-            Step::Performed {
+            Moved::Performed {
                 from: Some("created".into()),
                 value: ()
             }

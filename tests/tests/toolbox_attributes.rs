@@ -15,7 +15,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use idem_runtime::{
-    Error, Idem, IsConflict, Optimistic, StateMachine, Step, Store, idempotent, retry_on_conflict,
+    Error, Idem, IsConflict, Moved, Optimistic, StateMachine, Store, idempotent, retry_on_conflict,
     transition,
 };
 use tokio::sync::Barrier;
@@ -102,7 +102,7 @@ async fn ship(
     order_id: String,
     carrier_up: bool,
     runs: Arc<AtomicUsize>,
-) -> Result<Step<String>, AppError> {
+) -> Result<Moved<String>, AppError> {
     runs.fetch_add(1, Ordering::SeqCst);
     if !carrier_up {
         return Err(AppError::CarrierDown);
@@ -215,8 +215,8 @@ async fn transition_100_callers_ship_once(store: Arc<dyn Store>) {
     let (mut performed, mut already) = (Vec::new(), 0);
     for task in tasks {
         match task.await.unwrap() {
-            Ok(Step::Performed { from, value }) => performed.push((from, value)),
-            Ok(Step::AlreadyThere) => already += 1,
+            Ok(Moved::Performed { from, value }) => performed.push((from, value)),
+            Ok(Moved::AlreadyThere) => already += 1,
             Err(e) => panic!("a caller failed: {e:?}"),
         }
     }

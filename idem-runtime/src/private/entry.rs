@@ -10,7 +10,7 @@ use crate::options::Strategy;
 use crate::runtime::Current;
 use crate::store::ClaimKind;
 use crate::strategy::optimistic::{Retry, attribute_policy};
-use crate::strategy::state_machine::{StateMachine, Step, run_move};
+use crate::strategy::state_machine::{Moved, StateMachine, run_move};
 use crate::strategy::{dedup, lock};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 
@@ -151,7 +151,7 @@ pub fn transition<'a, T, E, F>(
     key: Key,
     to: &'static str,
     body: F,
-) -> impl Future<Output = Result<Step<T>, E>> + 'a
+) -> impl Future<Output = Result<Moved<T>, E>> + 'a
 where
     E: From<Error> + 'a,
     F: Future<Output = Result<T, E>> + 'a,

@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{StateMachine, Step, transition};
+use idem_runtime::{StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -16,7 +16,7 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 struct ShopError;
 
 #[transition(machine = ORDER, key = "{id}", to = "shipped")]
-async fn ship(id: u64) -> Result<Step<u64>, ShopError> {
+async fn ship(id: u64) -> Result<Moved<u64>, ShopError> {
     Ok(id)
 }
 

@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Step, transition};
+use idem_runtime::{Error, StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -12,17 +12,17 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 });
 
 #[transition(machine = ORDER, key = "order:{order.id}", to = "shipped")]
-async fn ship(id: u64) -> Result<Step<u64>, Error> {
+async fn ship(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 
 #[transition(machine = ORDER, key = "order:{id", to = "shipped")]
-async fn ship_unclosed(id: u64) -> Result<Step<u64>, Error> {
+async fn ship_unclosed(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 
 #[transition(machine = ORDER, key = "{self.id}", to = "shipped")]
-async fn ship_self(id: u64) -> Result<Step<u64>, Error> {
+async fn ship_self(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 

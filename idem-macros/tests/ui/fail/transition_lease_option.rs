@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Step, transition};
+use idem_runtime::{Error, StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -13,7 +13,7 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 
 // The lease and the wait belong to the machine, not to one move.
 #[transition(machine = ORDER, key = "{id}", to = "shipped", lease = "30s", wait = "0s")]
-async fn ship(id: u64) -> Result<Step<u64>, Error> {
+async fn ship(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 

@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Step, transition};
+use idem_runtime::{Error, StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -12,7 +12,7 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 });
 
 #[transition(key = "{id}")]
-async fn ship(id: u64) -> Result<Step<u64>, Error> {
+async fn ship(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 

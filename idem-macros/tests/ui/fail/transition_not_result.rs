@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{StateMachine, Step, transition};
+use idem_runtime::{StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -12,16 +12,16 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 });
 
 #[transition(machine = ORDER, key = "{id}", to = "shipped")]
-async fn ship(id: u64) -> Step<u64> {
-    Step::Performed { from: None, value: id }
+async fn ship(id: u64) -> Moved<u64> {
+    Moved::Performed { from: None, value: id }
 }
 
 // A one-parameter alias hides the error type the body needs.
 type ShopResult<T> = Result<T, idem_runtime::Error>;
 
 #[transition(machine = ORDER, key = "{id}", to = "shipped")]
-async fn ship_alias(id: u64) -> ShopResult<Step<u64>> {
-    Ok(Step::Performed { from: None, value: id })
+async fn ship_alias(id: u64) -> ShopResult<Moved<u64>> {
+    Ok(Moved::Performed { from: None, value: id })
 }
 
 fn main() {}

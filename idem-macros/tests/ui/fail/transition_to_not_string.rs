@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Step, transition};
+use idem_runtime::{Error, StateMachine, Moved, transition};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")
@@ -12,12 +12,12 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 });
 
 #[transition(machine = ORDER, key = "{id}", to = shipped)]
-async fn ship(id: u64) -> Result<Step<u64>, Error> {
+async fn ship(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 
 #[transition(machine = ORDER, key = "{id}", to = "")]
-async fn nowhere(id: u64) -> Result<Step<u64>, Error> {
+async fn nowhere(id: u64) -> Result<Moved<u64>, Error> {
     Ok(id)
 }
 

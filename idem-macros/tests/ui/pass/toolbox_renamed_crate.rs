@@ -16,7 +16,7 @@ async fn retried(n: u64) -> Result<u64, renamed::Error> {
 }
 
 #[renamed::transition(machine = ORDER, key = "{id}", to = "b", crate = "crate::renamed")]
-async fn moved(id: u64) -> Result<renamed::Step<u64>, renamed::Error> {
+async fn moved(id: u64) -> Result<renamed::Moved<u64>, renamed::Error> {
     Ok(id)
 }
 

@@ -1,6 +1,6 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, IsConflict, StateMachine, Step, retry_on_conflict, transition};
+use idem_runtime::{Error, IsConflict, StateMachine, Moved, retry_on_conflict, transition};
 
 #[derive(Debug)]
 enum ShopError {
@@ -50,9 +50,9 @@ struct Order {
     id: u64,
 }
 
-// `Step<T>`: the body yields `Result<T, E>`, with `?` and early `return`.
+// `Moved<T>`: the body yields `Result<T, E>`, with `?` and early `return`.
 #[transition(machine = ORDER, key = "order:{order.id}", to = "shipped")]
-async fn ship(order: &Order, carrier_up: bool) -> Result<Step<Parcel>, ShopError> {
+async fn ship(order: &Order, carrier_up: bool) -> Result<Moved<Parcel>, ShopError> {
     if !carrier_up {
         return Err(ShopError::CarrierDown);
     }
@@ -60,15 +60,15 @@ async fn ship(order: &Order, carrier_up: bool) -> Result<Step<Parcel>, ShopError
     Ok(Parcel { id: id + order.id })
 }
 
-// `Step` alone is `Step<()>`; a path to the machine; the full path of `Step`.
+// `Moved` alone is `Moved<()>`; a path to the machine; the full path of `Moved`.
 #[transition(machine = machines::TICKET, key = "{ticket}", to = "closed")]
-async fn close(ticket: String) -> Result<Step, Error> {
+async fn close(ticket: String) -> Result<Moved, Error> {
     drop(ticket); // consumed: the body runs once per call
     Ok(())
 }
 
 #[transition(machine = ORDER, key = "{id}", to = "paid")]
-async fn pay(id: u64) -> Result<idem_runtime::Step<u64>, Error> {
+async fn pay(id: u64) -> Result<idem_runtime::Moved<u64>, Error> {
     Ok(id)
 }
 
@@ -78,7 +78,7 @@ struct Shop {
 
 impl Shop {
     #[transition(machine = ORDER, key = "{self.name}:{id}", to = "paid")]
-    async fn pay(&self, id: u64) -> Result<Step<String>, ShopError> {
+    async fn pay(&self, id: u64) -> Result<Moved<String>, ShopError> {
         Ok(format!("{} paid {id}", self.name))
     }
 }
@@ -86,7 +86,7 @@ impl Shop {
 // Above #[transition]: the retries run inside one held move.
 #[retry_on_conflict(attempts = 3)]
 #[transition(machine = ORDER, key = "{id}", to = "shipped")]
-async fn ship_retrying(id: u64) -> Result<Step<u64>, ShopError> {
+async fn ship_retrying(id: u64) -> Result<Moved<u64>, ShopError> {
     Ok(id)
 }
 

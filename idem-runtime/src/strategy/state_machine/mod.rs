@@ -269,7 +269,7 @@ impl StateMachine {
 
 /// The result of a state-machine move.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<T = ()> {
+pub enum Moved<T = ()> {
     /// This call performed the move (and, for [`Idem::transition_with`], ran the body,
     /// whose `Ok` value this is).
     Performed {
@@ -282,17 +282,22 @@ pub enum Step<T = ()> {
     AlreadyThere,
 }
 
-impl<T> Step<T> {
+/// The old name of [`Moved`], kept for one release: beside the durable [`step`](crate::step)s,
+/// a "step" that is a state-machine move read as the other thing.
+#[deprecated(since = "0.1.0", note = "renamed `Moved`")]
+pub type Step<T = ()> = Moved<T>;
+
+impl<T> Moved<T> {
     /// True if this call performed the move.
     pub fn performed(&self) -> bool {
-        matches!(self, Step::Performed { .. })
+        matches!(self, Moved::Performed { .. })
     }
 
     /// The body's value if this call performed the move.
     pub fn value(self) -> Option<T> {
         match self {
-            Step::Performed { value, .. } => Some(value),
-            Step::AlreadyThere => None,
+            Moved::Performed { value, .. } => Some(value),
+            Moved::AlreadyThere => None,
         }
     }
 }
@@ -340,8 +345,8 @@ impl Idem {
 
     /// Moves `key` to `to` in one atomic store step:
     ///
-    /// - allowed by the table from the current state → moved: [`Step::Performed`];
-    /// - already at `to` → [`Step::AlreadyThere`], nothing written;
+    /// - allowed by the table from the current state → moved: [`Moved::Performed`];
+    /// - already at `to` → [`Moved::AlreadyThere`], nothing written;
     /// - otherwise [`Error::InvalidTransition`] with the current state.
     ///
     /// While another caller's body holds a move on the key ([`Idem::transition_with`]),
@@ -351,7 +356,7 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, StateMachine, Step};
+    /// use idem_runtime::{Error, Idem, StateMachine, Moved};
     /// let order = StateMachine::builder("shop::order")
     ///     .states(["created", "paid", "cancelled"])
     ///     .initial("created")
@@ -361,7 +366,7 @@ impl Idem {
     /// let idem = Idem::builder().build();
     /// assert!(idem.transition(&order, "o-1", "created").await?.performed());
     /// assert!(idem.transition(&order, "o-1", "paid").await?.performed());
-    /// assert_eq!(idem.transition(&order, "o-1", "paid").await?, Step::AlreadyThere);
+    /// assert_eq!(idem.transition(&order, "o-1", "paid").await?, Moved::AlreadyThere);
     /// let late = idem.transition(&order, "o-1", "cancelled").await;
     /// assert!(matches!(late, Err(Error::InvalidTransition { from: Some(ref f), .. }) if f == "paid"));
     /// # Ok(()) }
@@ -371,13 +376,13 @@ impl Idem {
         machine: &'a StateMachine,
         key: impl fmt::Display,
         to: &'a str,
-    ) -> impl Future<Output = Result<Step, Error>> + Send + 'a {
+    ) -> impl Future<Output = Result<Moved, Error>> + Send + 'a {
         let key = self.state_key(machine, key);
         async move {
             let req = machine.request(to)?;
             match drive(states(&**self.store())?, machine, &key, &req).await? {
-                TransitionOutcome::Moved { from } => Ok(Step::Performed { from, value: () }),
-                TransitionOutcome::Already => Ok(Step::AlreadyThere),
+                TransitionOutcome::Moved { from } => Ok(Moved::Performed { from, value: () }),
+                TransitionOutcome::Already => Ok(Moved::AlreadyThere),
                 other => Err(unexpected(&key, &other)),
             }
         }
@@ -385,7 +390,7 @@ impl Idem {
 
     /// Moves `key` to `to` and runs `body` as that move: the body runs only for the
     /// caller that performs the move, and the move is recorded only if the body returns
-    /// `Ok`. A key already at `to` gives [`Step::AlreadyThere`] without running the body;
+    /// `Ok`. A key already at `to` gives [`Moved::AlreadyThere`] without running the body;
     /// a move the table does not allow from the current state is
     /// [`Error::InvalidTransition`], also without running it.
     ///
@@ -407,7 +412,7 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, StateMachine, Step};
+    /// use idem_runtime::{Error, Idem, StateMachine, Moved};
     /// let order = StateMachine::builder("shop::order")
     ///     .states(["paid", "shipped"])
     ///     .initial("paid")
@@ -419,7 +424,7 @@ impl Idem {
     /// let first = idem.transition_with(&order, "o-9", "shipped", ship()).await?;
     /// let again = idem.transition_with(&order, "o-9", "shipped", ship()).await?;
     /// assert_eq!(first.value(), Some("parcel-1"));
-    /// assert_eq!(again, Step::AlreadyThere); // not shipped twice
+    /// assert_eq!(again, Moved::AlreadyThere); // not shipped twice
     /// # Ok(()) }
     /// ```
     pub fn transition_with<'a, T, E, F>(
@@ -428,7 +433,7 @@ impl Idem {
         key: impl fmt::Display,
         to: &'a str,
         body: F,
-    ) -> impl Future<Output = Result<Step<T>, E>> + 'a
+    ) -> impl Future<Output = Result<Moved<T>, E>> + 'a
     where
         E: From<Error> + 'a,
         F: Future<Output = Result<T, E>> + 'a,
@@ -448,7 +453,7 @@ pub(crate) async fn run_move<T, E, F>(
     key: Key,
     to: &str,
     body: F,
-) -> Result<Step<T>, E>
+) -> Result<Moved<T>, E>
 where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
@@ -459,7 +464,7 @@ where
     let req = machine.request(to)?.hold(owner, machine.lease);
     let from = match drive(moves, machine, &key, &req).await? {
         TransitionOutcome::Held { from } => from,
-        TransitionOutcome::Already => return Ok(Step::AlreadyThere),
+        TransitionOutcome::Already => return Ok(Moved::AlreadyThere),
         other => return Err(unexpected(&key, &other).into()),
     };
     let mut guard = HoldGuard {
@@ -485,7 +490,7 @@ where
             tracing::error!(%key, error = %e, to, "could not settle the held move; it ends with its lease");
         }
     }
-    result.map(|value| Step::Performed { from, value })
+    result.map(|value| Moved::Performed { from, value })
 }
 
 /// Asks for the move until it is decided, waiting while another owner's hold is live.

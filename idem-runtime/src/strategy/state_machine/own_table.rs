@@ -4,7 +4,7 @@
 
 use sqlx::{Acquire, Encode, Type};
 
-use super::{StateMachine, Step};
+use super::{Moved, StateMachine};
 use crate::store::BoxFuture;
 use crate::{Error, Key};
 
@@ -30,7 +30,7 @@ const ROUNDS: usize = 8;
 /// the state the row left is known exactly; a move into an initial state also takes a
 /// row whose state is `NULL`). When no statement changed the row, one read tells why:
 ///
-/// - the row is already at the target → [`Step::AlreadyThere`], no effect;
+/// - the row is already at the target → [`Moved::AlreadyThere`], no effect;
 /// - the row is in a state the table does not allow the move from →
 ///   [`Error::InvalidTransition`] with that state (`from: None` for a `NULL` state);
 /// - no row has that id → [`Error::NoSuchRow`].
@@ -154,8 +154,8 @@ impl StateColumn {
     /// Moves the row whose id column equals `id` to `to`, on `conn`: a pool
     /// (`&PgPool`, ...), an open transaction (`&mut tx`) or a connection.
     ///
-    /// - moved by this call → [`Step::Performed`] with the state it left;
-    /// - already at `to` → [`Step::AlreadyThere`], nothing written;
+    /// - moved by this call → [`Moved::Performed`] with the state it left;
+    /// - already at `to` → [`Moved::AlreadyThere`], nothing written;
     /// - a state the table does not allow the move from →
     ///   [`Error::InvalidTransition`] (terminal states stay terminal);
     /// - no such row → [`Error::NoSuchRow`]; `to` not a state of the machine →
@@ -167,7 +167,7 @@ impl StateColumn {
     ///
     /// ```no_run
     /// use idem_runtime::store::sql::sqlx::PgPool;
-    /// use idem_runtime::{Error, StateMachine, Step};
+    /// use idem_runtime::{Error, StateMachine, Moved};
     ///
     /// # async fn demo(pool: PgPool) -> Result<(), Error> {
     /// let orders = StateMachine::builder("shop::order")
@@ -178,12 +178,12 @@ impl StateColumn {
     ///     .build()?
     ///     .stored_in("orders", "id", "status")?;
     /// match orders.transition(&pool, 42_i64, "paid").await? {
-    ///     Step::Performed { .. } => { /* this call paid the order */ }
-    ///     Step::AlreadyThere => { /* a retry: it was paid before */ }
+    ///     Moved::Performed { .. } => { /* this call paid the order */ }
+    ///     Moved::AlreadyThere => { /* a retry: it was paid before */ }
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn transition<'c, A, I>(&self, conn: A, id: I, to: &str) -> Result<Step, Error>
+    pub async fn transition<'c, A, I>(&self, conn: A, id: I, to: &str) -> Result<Moved, Error>
     where
         A: Acquire<'c>,
         A::Database: StateDatabase,
@@ -200,9 +200,9 @@ impl StateColumn {
     /// for the caller that performs the move:
     ///
     /// - moved → `body` runs with the transaction; `Ok` → committed,
-    ///   `Ok(Step::Performed { from, value })`; `Err` → rolled back (the row keeps
+    ///   `Ok(Moved::Performed { from, value })`; `Err` → rolled back (the row keeps
     ///   its state, a retry can move it) and the error is returned;
-    /// - already at `to` → `Ok(Step::AlreadyThere)`, the body does not run;
+    /// - already at `to` → `Ok(Moved::AlreadyThere)`, the body does not run;
     /// - refused → the errors of [`transition`](Self::transition), the body does not run.
     ///
     /// On a pool or a connection this opens a transaction and commits it; inside your
@@ -214,7 +214,7 @@ impl StateColumn {
     ///
     /// ```no_run
     /// use idem_runtime::store::sql::sqlx::{self, PgPool};
-    /// use idem_runtime::{Error, StateMachine, Step};
+    /// use idem_runtime::{Error, StateMachine, Moved};
     ///
     /// # async fn demo(pool: PgPool) -> Result<(), Error> {
     /// let orders = StateMachine::builder("shop::order")
@@ -235,7 +235,7 @@ impl StateColumn {
     ///         })
     ///     })
     ///     .await?;
-    /// assert!(matches!(step, Step::Performed { .. } | Step::AlreadyThere));
+    /// assert!(matches!(step, Moved::Performed { .. } | Moved::AlreadyThere));
     /// # Ok(()) }
     /// ```
     pub async fn transition_with<'c, A, I, T, E, F>(
@@ -244,7 +244,7 @@ impl StateColumn {
         id: I,
         to: &str,
         body: F,
-    ) -> Result<Step<T>, E>
+    ) -> Result<Moved<T>, E>
     where
         A: Acquire<'c>,
         A::Database: StateDatabase,
@@ -258,13 +258,13 @@ impl StateColumn {
         let mut tx = conn.begin().await.map_err(Error::store)?;
         let decided = self.decide::<A::Database, I>(&mut tx, &plan, &id, to).await;
         let from = match decided {
-            Ok(Step::Performed { from, .. }) => from,
+            Ok(Moved::Performed { from, .. }) => from,
             other => {
                 // Nothing was written; the rollback only ends the transaction and
                 // drops the row lock the classifying read took.
                 let _ = tx.rollback().await;
                 return match other {
-                    Ok(_) => Ok(Step::AlreadyThere),
+                    Ok(_) => Ok(Moved::AlreadyThere),
                     Err(e) => Err(e.into()),
                 };
             }
@@ -272,7 +272,7 @@ impl StateColumn {
         match body(&mut tx).await {
             Ok(value) => {
                 tx.commit().await.map_err(Error::store)?;
-                Ok(Step::Performed { from, value })
+                Ok(Moved::Performed { from, value })
             }
             Err(e) => {
                 // A failed rollback still ends with the connection: the database drops
@@ -328,7 +328,7 @@ impl StateColumn {
         plan: &Plan,
         id: &I,
         to: &str,
-    ) -> Result<Step, Error>
+    ) -> Result<Moved, Error>
     where
         I: for<'q> Encode<'q, DB> + Type<DB> + Sync,
     {
@@ -338,7 +338,7 @@ impl StateColumn {
                 match DB::update(conn, sql, id).await? {
                     0 => {}
                     1 => {
-                        return Ok(Step::Performed {
+                        return Ok(Moved::Performed {
                             from: from.map(str::to_owned),
                             value: (),
                         });
@@ -361,7 +361,7 @@ impl StateColumn {
                 Some(current) => current,
             };
             if current.as_deref() == Some(to) {
-                return Ok(Step::AlreadyThere);
+                return Ok(Moved::AlreadyThere);
             }
             if !self.machine.allows(current.as_deref(), to) {
                 return Err(Error::InvalidTransition {

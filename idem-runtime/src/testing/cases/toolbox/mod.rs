@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::store::{Settle, TransitionOutcome, TransitionRequest};
-use crate::{BloomFilter, Optimistic, Retry, StateMachine, Step, Verdict, retry_on_conflict};
+use crate::{BloomFilter, Moved, Optimistic, Retry, StateMachine, Verdict, retry_on_conflict};
 
 mod bloom;
 mod state_machine;

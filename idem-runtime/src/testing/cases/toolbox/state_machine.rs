@@ -30,14 +30,14 @@ pub async fn state_machine_moves(store: Arc<dyn Store>) {
     );
     assert_eq!(
         idem.transition(&m, "o", "created").await.unwrap(),
-        Step::Performed {
+        Moved::Performed {
             from: None,
             value: ()
         }
     );
     assert_eq!(
         idem.transition(&m, "o", "created").await.unwrap(),
-        Step::AlreadyThere
+        Moved::AlreadyThere
     );
     let r = idem.transition(&m, "o", "shipped").await;
     assert!(
@@ -46,7 +46,7 @@ pub async fn state_machine_moves(store: Arc<dyn Store>) {
     );
     assert_eq!(
         idem.transition(&m, "o", "paid").await.unwrap(),
-        Step::Performed {
+        Moved::Performed {
             from: Some("created".into()),
             value: ()
         }
@@ -70,7 +70,7 @@ pub async fn state_machine_moves(store: Arc<dyn Store>) {
     }
     assert_eq!(
         idem.transition(&m, "o", "cancelled").await.unwrap(),
-        Step::AlreadyThere
+        Moved::AlreadyThere
     );
     assert!(matches!(
         idem.transition(&m, "o", "lost").await,
@@ -113,11 +113,11 @@ pub async fn state_machine_concurrent_movers(store: Arc<dyn Store>) {
                     })
                     .await;
                 match step {
-                    Ok(Step::Performed { value, .. }) => {
+                    Ok(Moved::Performed { value, .. }) => {
                         assert_eq!(value, to);
                         *performed.lock().unwrap().entry(to).or_default() += 1;
                     }
-                    Ok(Step::AlreadyThere) => {}
+                    Ok(Moved::AlreadyThere) => {}
                     // A later move already happened: this one's moment has passed.
                     Err(Error::InvalidTransition { from: Some(_), .. }) => {}
                     Err(e) => panic!("move to {to}: {e:?}"),
@@ -214,7 +214,7 @@ pub async fn state_machine_body_failure_and_cancel(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(
         step,
-        Step::Performed {
+        Moved::Performed {
             from: Some("paid".into()),
             value: 7
         }
@@ -223,7 +223,7 @@ pub async fn state_machine_body_failure_and_cancel(store: Arc<dyn Store>) {
         .transition_with(&m, "o", "shipped", async { Ok::<_, Error>(8) })
         .await
         .unwrap();
-    assert_eq!(again, Step::AlreadyThere, "shipped twice");
+    assert_eq!(again, Moved::AlreadyThere, "shipped twice");
     let r = idem
         .transition_with(&m, "o", "cancelled", async { Ok::<_, Error>(()) })
         .await;
