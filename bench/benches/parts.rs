@@ -6,8 +6,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use idem_runtime::codec::ReplayOk;
 use idem_runtime::store::{ClaimKind, ClaimRequest, Owner};
-use idem_runtime::{Codec, Error, Idem, Key, MemoryStore, Options, ReplayOk, Store};
+use idem_runtime::{Codec, Error, Idem, Key, MemoryStore, Options, Store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

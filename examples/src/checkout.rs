@@ -113,10 +113,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     if args.run.is_empty() || args.run.len() > 100 {
         return Err("--run takes a name of 1 to 100 characters".into());
     }
-    if args.lease < idem_runtime::MIN_LEASE {
+    if args.lease < idem_runtime::options::MIN_LEASE {
         return Err(format!(
-            "--lease-ms must be at least {} (idem_runtime::MIN_LEASE)",
-            idem_runtime::MIN_LEASE.as_millis()
+            "--lease-ms must be at least {} (idem_runtime::options::MIN_LEASE)",
+            idem_runtime::options::MIN_LEASE.as_millis()
         ));
     }
     if !is_postgres(&args.ledger) {

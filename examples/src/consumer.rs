@@ -38,7 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::{BloomFilter, Error, Filtered, Idem, Options, Verdict};
+use idem_runtime::toolbox::{BloomFilter, Filtered, Verdict};
+use idem_runtime::{Error, Idem, Options};
 use tokio::sync::mpsc;
 
 mod rng;

@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, IsConflict, Optimistic, Options, Retry, retry_on_conflict};
+use idem_runtime::toolbox::{Optimistic, Retry};
+use idem_runtime::{Error, Idem, IsConflict, Options, retry_on_conflict};
 use serde::{Deserialize, Serialize};
 
 mod rng;

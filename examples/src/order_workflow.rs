@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, Moved, StateMachine};
+use idem_runtime::toolbox::{Moved, StateMachine};
+use idem_runtime::{Error, Idem};
 
 mod rng;
 

@@ -49,7 +49,7 @@ pub(crate) enum TokensCommand {
         #[arg(long)]
         store: String,
         /// The namespace of the service that consumes it.
-        #[arg(long, default_value = idem_runtime::DEFAULT_NAMESPACE)]
+        #[arg(long, default_value = idem_runtime::options::DEFAULT_NAMESPACE)]
         namespace: String,
         /// How long the token stays valid: 250ms, 30s, 5m, 24h, 7d.
         #[arg(long, value_parser = parse_ttl)]

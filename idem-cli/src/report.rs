@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use idem_runtime::Key;
+use idem_runtime::inspect::{RecordCount, RecordInfo};
 use idem_runtime::store::ClaimKind;
-use idem_runtime::{Key, RecordCount, RecordInfo};
 use serde_json::{Value, json};
 
 fn kind_name(kind: ClaimKind) -> &'static str {

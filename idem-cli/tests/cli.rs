@@ -6,8 +6,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use idem_runtime::codec::NoReplay;
 use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
-use idem_runtime::{Error, Idem, NoReplay, Options};
+use idem_runtime::{Error, Idem, Options};
 use serde_json::Value;
 
 static CHARGE: Options = Options::dedup("app::charge");

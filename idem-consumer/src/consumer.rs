@@ -9,7 +9,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use idem_runtime::{Error, Idem, Key, Optimistic, Options};
+use idem_runtime::toolbox::Optimistic;
+use idem_runtime::{Error, Idem, Key, Options};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinSet;
 
@@ -372,7 +373,7 @@ impl<E: Effect> Consumer<E> {
         &self,
         delivery: &D,
         msg: &Message,
-        err: idem_runtime::BoxError,
+        err: idem_runtime::store::BoxError,
     ) -> Outcome {
         let s = &*self.shared;
         s.live.handler_error();

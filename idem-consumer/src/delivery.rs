@@ -23,7 +23,7 @@ pub enum AckError {
         what: &'static str,
         /// The client's error.
         #[source]
-        source: idem_runtime::BoxError,
+        source: idem_runtime::store::BoxError,
     },
 }
 
@@ -86,7 +86,7 @@ pub trait Source: Send {
     /// closed). An `Err` is a transient trouble of the subscription, logged by the loop.
     fn next(
         &mut self,
-    ) -> impl Future<Output = Option<Result<Self::Delivery, idem_runtime::BoxError>>> + Send;
+    ) -> impl Future<Output = Option<Result<Self::Delivery, idem_runtime::store::BoxError>>> + Send;
 
     /// How long after its first delivery the broker may still deliver a message again,
     /// as far as the adapter can see from the broker's settings.

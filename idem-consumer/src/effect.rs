@@ -5,7 +5,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{BoxError, Error, Idem, Options, RecordState, ReplayOk};
+use idem_runtime::codec::ReplayOk;
+use idem_runtime::inspect::RecordState;
+use idem_runtime::store::BoxError;
+use idem_runtime::{Error, Idem, Options};
 
 use crate::Message;
 

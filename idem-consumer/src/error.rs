@@ -27,7 +27,7 @@ pub enum ConsumerError {
     UnboundedRedelivery,
     /// The broker (connection, stream, consumer, queue) failed.
     #[error("broker: {0}")]
-    Broker(#[source] idem_runtime::BoxError),
+    Broker(#[source] idem_runtime::store::BoxError),
     /// idem failed.
     #[error(transparent)]
     Idem(#[from] idem_runtime::Error),
@@ -35,7 +35,7 @@ pub enum ConsumerError {
 
 impl ConsumerError {
     /// Wraps a broker client's error.
-    pub fn broker(err: impl Into<idem_runtime::BoxError>) -> Self {
+    pub fn broker(err: impl Into<idem_runtime::store::BoxError>) -> Self {
         ConsumerError::Broker(err.into())
     }
 }

@@ -36,7 +36,8 @@
 //! use std::time::Duration;
 //! use bytes::Bytes;
 //! use idem_consumer::{AckError, Consumer, Delivery, Message, Outcome};
-//! use idem_runtime::{BoxError, Idem, Options};
+//! use idem_runtime::{Idem, Options};
+//! use idem_runtime::store::BoxError;
 //!
 //! // A delivery of a toy broker; real ones come from the adapters.
 //! struct Toy(&'static str);

@@ -29,7 +29,8 @@
 //! use idem_consumer::mqtt::rumqttc::v5::MqttOptions;
 //! use idem_consumer::mqtt::{MqttConfig, MqttSource};
 //! use idem_consumer::{Consumer, Message};
-//! use idem_runtime::{BoxError, Idem, Options};
+//! use idem_runtime::{Idem, Options};
+//! use idem_runtime::store::BoxError;
 //!
 //! # async fn run() -> Result<(), BoxError> {
 //! static CREDIT: Options = Options::dedup("ledger::credit");
@@ -51,7 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_runtime::BoxError;
+use idem_runtime::store::BoxError;
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};

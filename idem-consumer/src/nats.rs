@@ -12,7 +12,7 @@ use async_nats::jetstream::consumer::pull::Stream as Messages;
 use async_nats::jetstream::message::{AckKind, Acker};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use idem_runtime::BoxError;
+use idem_runtime::store::BoxError;
 
 pub use async_nats;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use idem_runtime::BoxError;
+use idem_runtime::store::BoxError;
 use lapin::Acker;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,

@@ -43,7 +43,8 @@
 //! use std::time::Duration;
 //! use idem_consumer::redis_streams::{redis, RedisStreamConfig, RedisStreamSource};
 //! use idem_consumer::{Consumer, Message};
-//! use idem_runtime::{BoxError, Idem, Options};
+//! use idem_runtime::{Idem, Options};
+//! use idem_runtime::store::BoxError;
 //!
 //! # async fn run() -> Result<(), BoxError> {
 //! static CREDIT: Options = Options::dedup("ledger::credit").ttl(Duration::from_secs(86_400));
@@ -68,7 +69,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_runtime::BoxError;
+use idem_runtime::store::BoxError;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::sync::{mpsc, oneshot};

@@ -4,9 +4,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use idem_runtime::store::BoxError;
 use idem_runtime::store::sql::sqlx::{self, Postgres, Transaction};
 use idem_runtime::store::sql::{Begun, IdemTransaction};
-use idem_runtime::{BoxError, Error, Idem, Options, SqlStore};
+use idem_runtime::{Error, Idem, Options, SqlStore};
 
 use crate::Message;
 use crate::effect::{Effect, Ran, sealed};
@@ -20,7 +21,7 @@ impl<H: TxHandler> sealed::Sealed for Transactional<H> {}
 ///
 /// ```no_run
 /// use idem_consumer::{Message, TxHandler};
-/// use idem_runtime::BoxError;
+/// use idem_runtime::store::BoxError;
 /// use idem_runtime::store::sql::sqlx::{self, Postgres, Transaction};
 ///
 /// struct Credit;

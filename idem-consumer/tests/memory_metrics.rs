@@ -10,8 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_consumer::observe::{MESSAGES_TOTAL, OUTCOMES};
 use idem_consumer::{Consumer, Message, Outcome};
+use idem_runtime::store::BoxError;
 use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, VersionedStore};
-use idem_runtime::{BoxError, Error, Idem, Key, MemoryStore, Options, Store};
+use idem_runtime::{Error, Idem, Key, MemoryStore, Options, Store};
 use tokio::sync::Notify;
 
 mod common;

@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::{Effects, HeldSource, eventually, idem, settle, spawn, unique};
 use idem_consumer::mqtt::{MqttConfig, MqttSource};
 use idem_consumer::{Consumer, Message, Source};
-use idem_runtime::{BoxError, Idem, Options};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, Options};
 use mqtt_support::{end_session, options, publish};
 
 static CREDIT: Options = Options::dedup("test::credit")

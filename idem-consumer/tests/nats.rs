@@ -14,7 +14,8 @@ use idem_consumer::nats::async_nats::{
     jetstream::{self, consumer::PullConsumer, message::PublishMessage, stream},
 };
 use idem_consumer::{Consumer, ConsumerError, Handler, Message, Plain};
-use idem_runtime::{BoxError, Idem, MemoryStore, Options, Store};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, MemoryStore, Options, Store};
 
 const NATS: &str = "nats://127.0.0.1:4222";
 

@@ -21,7 +21,8 @@ use idem_consumer::nats::async_nats::{
     jetstream::{self, message::PublishMessage, stream},
 };
 use idem_consumer::{Consumer, Message};
-use idem_runtime::{BoxError, Idem, MemoryStore, Options, Store};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, MemoryStore, Options, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

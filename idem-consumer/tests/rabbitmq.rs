@@ -15,7 +15,8 @@ use idem_consumer::rabbitmq::lapin::options::{
 use idem_consumer::rabbitmq::lapin::types::{AMQPValue, FieldTable, ShortString};
 use idem_consumer::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use idem_consumer::{Consumer, Handler, Message, Plain};
-use idem_runtime::{BoxError, Idem, MemoryStore, Options, Store};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, MemoryStore, Options, Store};
 
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 

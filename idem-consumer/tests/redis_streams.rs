@@ -14,7 +14,8 @@ use common::{Effects, HeldSource, eventually, idem, settle, spawn, unique, with_
 use idem_consumer::redis_streams::redis::{self, AsyncCommands, Value};
 use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource};
 use idem_consumer::{Consumer, ConsumerError, Horizon, Message, Source};
-use idem_runtime::{BoxError, Idem, Options};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, Options};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const REDIS: &str = "redis://127.0.0.1:6379";

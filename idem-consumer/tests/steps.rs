@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_consumer::{Consumer, Message, Outcome};
-use idem_runtime::{BoxError, Error, Idem, MemoryStore, Options, StepCtx, step};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Error, Idem, MemoryStore, Options, StepCtx, step};
 
 mod common;
 use common::{Toy, toy};

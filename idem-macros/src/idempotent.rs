@@ -46,7 +46,7 @@ declare_options! {
 pub(crate) const OPTIONS: &[&str] = <Given as Options>::NAMES;
 
 // No defaults here: an option the user did not write is left out of the expansion, so
-// the runtime's own defaults (`idem_runtime::DEFAULT_TTL`, `DEFAULT_LEASE`,
+// the runtime's own defaults (`idem_runtime::options::DEFAULT_TTL`, `DEFAULT_LEASE`,
 // `DEFAULT_WAIT`, and each strategy's duplicate policy in `Options::dedup`/`token`)
 // apply, and the two cannot drift apart.
 
@@ -106,7 +106,7 @@ struct Lease(u64);
 /// The shortest lease the heartbeat keeps: it renews every third of the lease, and a
 /// renewal a few milliseconds late (tokio's timer, a busy executor, a store round trip)
 /// loses a shorter one while the body still runs, so a twin runs beside it. The same
-/// floor as the runtime's `idem_runtime::MIN_LEASE` (100 ms), which refuses it at run
+/// floor as the runtime's `idem_runtime::options::MIN_LEASE` (100 ms), which refuses it at run
 /// time; this refuses it at compile time, at the literal.
 const MIN_LEASE_MS: u64 = 100;
 
@@ -541,7 +541,7 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     }
     let constructor_at = Ident::new(&constructor.to_string(), at);
     // Replays by clone on an in-process store when the `Ok` type allows it; decided by
-    // method lookup on a probe (see `idem_runtime::CloneReplay`), so no bound is added
+    // method lookup on a probe (see `idem_runtime::codec::CloneReplay`), so no bound is added
     // to the function. A type with borrowed parts is left out: lookup ignores lifetimes,
     // so the probe would pick the clone path and then fail the `'static` it needs.
     let reuse = format_ident!("__idem_reuse");

@@ -111,7 +111,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// `idem_runtime::retry_on_conflict(&Retry, || async { ... })`.
 ///
 /// ```
-/// use idem_runtime::{Error, Idem, IsConflict, Optimistic, retry_on_conflict};
+/// use idem_runtime::{Error, Idem, IsConflict, retry_on_conflict};
+/// use idem_runtime::toolbox::Optimistic;
 ///
 /// #[derive(Debug)]
 /// enum BankError { Idem(Error), Overdrawn }
@@ -163,7 +164,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// | `max_backoff = "50ms"` | cap of one sleep; at least `backoff` | `"100ms"` (or `backoff` if larger) |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
-/// The defaults are `idem_runtime::Retry::DEFAULT`. When every run loses, the last
+/// The defaults are `idem_runtime::toolbox::Retry::DEFAULT`. When every run loses, the last
 /// conflict is returned.
 ///
 /// # The body runs again
@@ -221,7 +222,8 @@ pub fn retry_on_conflict(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// ```
 /// use std::sync::LazyLock;
-/// use idem_runtime::{Error, Idem, StateMachine, Moved, transition};
+/// use idem_runtime::{Error, Idem, transition};
+/// use idem_runtime::toolbox::{StateMachine, Moved};
 ///
 /// static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 ///     StateMachine::builder("shop::order")
@@ -341,7 +343,7 @@ mod tests {
     }
 
     /// An option the user did not write is left out of the expansion, so the runtime's
-    /// defaults (`idem_runtime::DEFAULT_TTL`, ... and each strategy's policy) apply and
+    /// defaults (`idem_runtime::options::DEFAULT_TTL`, ... and each strategy's policy) apply and
     /// the macro keeps no copy of them; one that was written is passed on.
     #[test]
     fn unset_options_leave_the_runtime_defaults() {

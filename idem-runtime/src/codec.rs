@@ -1,4 +1,5 @@
-//! What a completed record stores, and how it is read back.
+//! What a completed record stores, and how it is read back: the [`Codec`]s a call picks
+//! (what is stored and replayed), and the [`FingerprintBuilder`] that digests a payload.
 //!
 //! Stored bytes are an envelope: `b'i'`, a layout version, a tag (ok, err, or a bare
 //! marker when nothing is replayed), a CRC-32 of all of it, then the payload as
@@ -13,8 +14,8 @@
 //! 1.5 times faster than JSON for a small struct (measured with callgrind on
 //! `bench/examples/profile_replay`: 1,156 against 1,750 instructions).
 
+pub use crate::fingerprint::FingerprintBuilder;
 use std::any::Any;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -87,40 +88,6 @@ impl<T> CloneReplay<T> {
     /// A memo of `value`.
     pub(crate) fn make(&self, value: &T) -> Arc<dyn Any + Send + Sync> {
         (self.make)(value)
-    }
-}
-
-/// Picks [`CloneReplay`] for a type that supports it, at compile time, without a bound
-/// on the caller: `(&&Probe::<T>::NEW).clone_replay()` resolves to [`ByClone`] when
-/// `T: Clone + Send + Sync + 'static` and to [`ByDecode`] otherwise (method lookup tries
-/// the receiver `&&Probe<T>` before auto-dereferencing it to `&Probe<T>`).
-#[doc(hidden)]
-pub struct Probe<T>(PhantomData<fn() -> T>);
-
-impl<T> Probe<T> {
-    #[doc(hidden)]
-    pub const NEW: Self = Probe(PhantomData);
-}
-
-#[doc(hidden)]
-pub trait ByClone<T> {
-    fn clone_replay(&self) -> Option<CloneReplay<T>>;
-}
-
-impl<T: Clone + Send + Sync + 'static> ByClone<T> for &Probe<T> {
-    fn clone_replay(&self) -> Option<CloneReplay<T>> {
-        Some(CloneReplay::new())
-    }
-}
-
-#[doc(hidden)]
-pub trait ByDecode<T> {
-    fn clone_replay(&self) -> Option<CloneReplay<T>>;
-}
-
-impl<T> ByDecode<T> for Probe<T> {
-    fn clone_replay(&self) -> Option<CloneReplay<T>> {
-        None
     }
 }
 

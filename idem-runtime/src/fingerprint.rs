@@ -56,7 +56,7 @@ pub(crate) fn check_fingerprint(
 /// use a `BTreeMap` for arguments that are fingerprinted.
 ///
 /// ```
-/// use idem_runtime::FingerprintBuilder;
+/// use idem_runtime::codec::FingerprintBuilder;
 /// let mut a = FingerprintBuilder::new();
 /// a.add(&42u64).unwrap();
 /// a.add("eur").unwrap();

@@ -40,7 +40,7 @@ impl Key {
 
     /// A `'static` copy of a namespace or function name known only at run time, for
     /// [`Key::new`], [`Options::dedup`](crate::Options::dedup) and
-    /// [`Optimistic::new`](crate::Optimistic::new), which keep names as `&'static str` so
+    /// [`Optimistic::new`](crate::toolbox::Optimistic::new), which keep names as `&'static str` so
     /// that keys stay `Copy`.
     ///
     /// Equal names share one copy, kept for the life of the process: interning a name

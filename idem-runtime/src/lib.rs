@@ -79,32 +79,34 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod codec;
+pub mod codec;
 mod error;
 mod fingerprint;
+pub mod inspect;
 mod intern;
 mod key;
 pub mod observe;
 mod operator;
-mod options;
+pub mod options;
 mod runtime;
 pub mod store;
 pub mod strategy;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+pub mod toolbox;
 
-pub use codec::{CloneReplay, Codec, NoReplay, NoReplayResult, ReplayOk, ReplayResult};
-pub use error::{BoxError, Error};
-pub use fingerprint::{Fingerprint, FingerprintBuilder};
+// The root holds what a user writes in their first hour; the rest is in the public
+// modules above (`codec`, `inspect`, `options`, `store`, `toolbox`), with its old root
+// paths kept below as deprecated aliases for one release.
+pub use codec::Codec;
+pub use error::Error;
+pub use fingerprint::Fingerprint;
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
 pub use key::Key;
-pub use options::{
-    DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, MIN_LEASE, OnDuplicate, Options, Strategy,
-};
-#[allow(deprecated)]
-pub use runtime::Builder;
-pub use runtime::{DEFAULT_NAMESPACE, Idem, IdemBuilder, Stats, current, init, issue_token};
+pub use options::{OnDuplicate, Options};
+pub use runtime::{Idem, IdemBuilder, current, init, issue_token};
+pub use store::Store;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -115,20 +117,8 @@ pub use store::redis::RedisStore;
     doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
 )]
 pub use store::sql::SqlStore;
-pub use store::{RecordCount, RecordCounts, RecordInfo, RecordState, StepInfo, Store};
-pub use strategy::bloom::{BloomFilter, BloomStats, Filtered, Verdict};
 pub use strategy::call_ctx::call_key;
 pub use strategy::lock::fence;
-pub use strategy::optimistic::{IsConflict, Optimistic, Retry, Versioned, retry_on_conflict};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
-)]
-pub use strategy::state_machine::StateColumn;
-#[allow(deprecated)]
-pub use strategy::state_machine::Step;
-pub use strategy::state_machine::{Moved, StateMachine, StateMachineBuilder};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,
@@ -136,6 +126,10 @@ pub use strategy::state_machine::{Moved, StateMachine, StateMachineBuilder};
 )]
 pub use strategy::step::step_tx;
 pub use strategy::step::{StepCtx, Verified, step};
+// The attribute and the function it expands to share one name (and one import).
+pub use toolbox::{IsConflict, retry_on_conflict};
+
+include!("moved_names.rs");
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

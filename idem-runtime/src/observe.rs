@@ -60,7 +60,8 @@ use std::future::Future;
 
 use tracing::Instrument as _;
 
-use crate::{Error, Key, Options, Strategy};
+use crate::options::Strategy;
+use crate::{Error, Key, Options};
 
 /// The name of the span every call runs in.
 pub const SPAN: &str = "idem";
@@ -361,8 +362,9 @@ pub(crate) mod metrics_impl {
     use metrics::{Key, Label, Level, Metadata};
 
     use super::{CALLS_TOTAL, OUTCOMES, Op, Outcome, strategy_name};
+    use crate::Options;
     use crate::options::CallKeys;
-    use crate::{Options, Strategy};
+    use crate::options::Strategy;
 
     static META: Metadata<'static> =
         Metadata::new(module_path!(), Level::INFO, Some(module_path!()));

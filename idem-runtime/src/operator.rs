@@ -20,7 +20,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Idem, Options, RecordState};
+    /// use idem_runtime::{Idem, Options};
+    /// use idem_runtime::inspect::RecordState;
     /// static CHARGE: Options = Options::dedup("shop::charge");
     /// let idem = Idem::builder().namespace("shop").build();
     /// assert!(idem.inspect(&CHARGE, "order-42").await?.is_none());
@@ -132,7 +133,7 @@ impl Idem {
     /// ```
     pub fn record_key(&self, opts: &Options, key: impl fmt::Display) -> Key {
         match opts.strategy() {
-            crate::Strategy::Token => self.token_key(&key.to_string()),
+            crate::options::Strategy::Token => self.token_key(&key.to_string()),
             _ => self.key(opts, format_args!("{key}")),
         }
     }

@@ -1,5 +1,6 @@
 //! Per-function options: what `#[idempotent(...)]` compiles to, and what the direct API takes.
 
+pub use crate::runtime::DEFAULT_NAMESPACE;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -82,7 +83,8 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{Error, Idem, MIN_LEASE, Options};
+/// use idem_runtime::{Error, Idem, Options};
+/// use idem_runtime::options::MIN_LEASE;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// assert_eq!(MIN_LEASE, Duration::from_millis(100));
@@ -167,7 +169,7 @@ impl Options {
             return Ok(());
         }
         Err(crate::Error::Config(format!(
-            "{}: a lease of {:?} is below idem_runtime::MIN_LEASE ({:?}); the heartbeat \
+            "{}: a lease of {:?} is below idem_runtime::options::MIN_LEASE ({:?}); the heartbeat \
              that renews it every third of it could not keep it, and duplicates would run \
              at once",
             self.name, self.lease, MIN_LEASE
@@ -213,7 +215,7 @@ impl Options {
     }
 
     /// The scope these options' records are stored under, which errors, logs and
-    /// [`RecordCount::function`](crate::RecordCount::function) print as the function:
+    /// [`RecordCount::function`](crate::inspect::RecordCount::function) print as the function:
     /// the name, or for tokens the scope every token of a namespace shares.
     ///
     /// ```

@@ -67,10 +67,6 @@ pub struct IdemBuilder {
     namespace: Option<String>,
 }
 
-/// The old name of [`IdemBuilder`].
-#[deprecated(note = "renamed IdemBuilder, beside RedisStoreBuilder and StateMachineBuilder")]
-pub type Builder = IdemBuilder;
-
 impl fmt::Debug for IdemBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdemBuilder")

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{Error, Idem, MIN_LEASE, MemoryStore, Options, ReplayOk, call_key};
+use idem_runtime::codec::ReplayOk;
+use idem_runtime::options::MIN_LEASE;
+use idem_runtime::{Error, Idem, MemoryStore, Options, call_key};
 use serde::{Deserialize, Serialize};
 
 /// A bound on calls that must end at once; reaching it fails the test (it is a guard

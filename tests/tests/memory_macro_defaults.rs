@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use idem_runtime::{
-    DEFAULT_LEASE, DEFAULT_TTL, Error, Idem, MemoryStore, Options, RecordState, idempotent,
-};
+use idem_runtime::inspect::RecordState;
+use idem_runtime::options::{DEFAULT_LEASE, DEFAULT_TTL};
+use idem_runtime::{Error, Idem, MemoryStore, Options, idempotent};
 
 static PLAIN: Options = Options::dedup(concat!(module_path!(), "::plain"));
 

@@ -58,7 +58,9 @@ async fn round_trips_per_step() {
         .unwrap();
     let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
     let _: () = idem
-        .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
+        .consume_token::<idem_runtime::codec::NoReplay, (), Error, _>(&token_opts, &t, async {
+            Ok(())
+        })
         .await
         .unwrap();
     let monitor = tokio::task::block_in_place(|| harness::Monitor::start(server.port));
@@ -116,7 +118,9 @@ async fn round_trips_per_step() {
     let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
     assert_eq!(seen(), (vec!["set".into()], vec![]), "issue: one SET NX PX");
     let _: () = idem
-        .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async { Ok(()) })
+        .consume_token::<idem_runtime::codec::NoReplay, (), Error, _>(&token_opts, &t, async {
+            Ok(())
+        })
         .await
         .unwrap();
     let (top, _) = seen();
@@ -152,7 +156,7 @@ async fn scripts_are_reloaded_after_a_flush() {
         server.cli(&["SCRIPT", "FLUSH"]);
         let t = idem.issue_token(Duration::from_secs(60)).await.unwrap();
         let _: () = idem
-            .consume_token::<idem_runtime::NoReplay, (), Error, _>(&token_opts, &t, async {
+            .consume_token::<idem_runtime::codec::NoReplay, (), Error, _>(&token_opts, &t, async {
                 Ok(())
             })
             .await

@@ -9,7 +9,8 @@ use std::sync::{Arc, OnceLock};
 
 use idem_runtime::store::redis::redis;
 use idem_runtime::store::{Owner, Settle, StateStore, TransitionRequest};
-use idem_runtime::{BloomFilter, Error, Idem, Optimistic, RedisStore, StateMachine, Store};
+use idem_runtime::toolbox::{BloomFilter, Optimistic, StateMachine};
+use idem_runtime::{Error, Idem, RedisStore, Store};
 
 idem_runtime::toolbox_conformance_tests!(standalone, || async {
     Arc::new(RedisStore::connect(harness::shared_url()).expect("store")) as Arc<dyn Store>

@@ -13,8 +13,8 @@ mod support;
 
 use std::time::Duration;
 
-use idem_runtime::StateMachine;
 use idem_runtime::store::sql::sqlx;
+use idem_runtime::toolbox::StateMachine;
 
 const POOL: u32 = 8;
 const MOVERS: usize = 30;
@@ -85,7 +85,8 @@ macro_rules! own_table_tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
 
         use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
-        use idem_runtime::{Error, StateColumn, Moved};
+        use idem_runtime::Error;
+        use idem_runtime::toolbox::{StateColumn, Moved};
 
         type Pool = sqlx::Pool<$db>;
 

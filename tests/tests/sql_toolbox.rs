@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
-use idem_runtime::{Error, Idem, Optimistic, Retry, SqlStore, Store, retry_on_conflict};
+use idem_runtime::toolbox::{Optimistic, Retry};
+use idem_runtime::{Error, Idem, SqlStore, Store, retry_on_conflict};
 
 fn sqlite_url() -> String {
     let path = std::env::temp_dir().join(format!("idem-sqlite-toolbox-{}.db", std::process::id()));

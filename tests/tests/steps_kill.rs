@@ -30,10 +30,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use idem_runtime::inspect::{RecordState, StepInfo};
 use idem_runtime::store::sql::sqlx;
-use idem_runtime::{
-    Error, Idem, Options, RecordState, RedisStore, SqlStore, StepInfo, Verified, step,
-};
+use idem_runtime::{Error, Idem, Options, RedisStore, SqlStore, Verified, step};
 
 /// Short leases: a killed holder's key is taken over soon after its death. A second,
 /// not less: the parent looks at the record a live child holds, and on a loaded machine

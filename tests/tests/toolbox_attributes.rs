@@ -14,10 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use idem_runtime::{
-    Error, Idem, IsConflict, Moved, Optimistic, StateMachine, Store, idempotent, retry_on_conflict,
-    transition,
-};
+use idem_runtime::toolbox::{Moved, Optimistic, StateMachine};
+use idem_runtime::{Error, Idem, IsConflict, Store, idempotent, retry_on_conflict, transition};
 use tokio::sync::Barrier;
 
 #[derive(Debug)]

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::{Error, NoReplay, Options};
+use idem_runtime::codec::NoReplay;
+use idem_runtime::{Error, Options};
 
 use super::ctx::Ctx;
 use super::op::{Op, op};

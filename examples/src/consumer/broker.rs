@@ -44,8 +44,9 @@ use idem_consumer::redis_streams::{RedisStreamConfig, RedisStreamSource};
 use idem_consumer::{
     AckError, Consumer, Counters, Delivery, Effect, Horizon, Message, Source, TxHandler,
 };
+use idem_runtime::store::BoxError;
 use idem_runtime::store::sql::sqlx::{self, PgPool, Postgres, Transaction};
-use idem_runtime::{BoxError, Idem, Options, SqlStore};
+use idem_runtime::{Idem, Options, SqlStore};
 
 pub(crate) struct Args {
     broker: String,

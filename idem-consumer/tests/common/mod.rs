@@ -15,7 +15,8 @@ use idem_consumer::{
     AckError, Consumer, ConsumerError, Counters, Delivery, Effect, Handler, Horizon, Message,
     Plain, Source,
 };
-use idem_runtime::{BoxError, Idem, MemoryStore, Options};
+use idem_runtime::store::BoxError;
+use idem_runtime::{Idem, MemoryStore, Options};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

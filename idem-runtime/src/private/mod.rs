@@ -13,6 +13,7 @@ mod bounds;
 mod entry;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 mod no_sql;
+mod probe;
 
 pub use bounds::{
     CarriesIdemErrors, Fingerprinted, ReplayableErr, ReplayableOk, Returns, carries_idem_errors,
@@ -22,9 +23,7 @@ pub use entry::{
     GivenRuntime, current, dedup, given, lock, replay_now, retry_policy, token, transition, tx_span,
 };
 
-pub use crate::codec::{
-    ByClone, ByDecode, NoReplay, NoReplayResult, Probe, ReplayOk, ReplayResult,
-};
+pub use crate::codec::{NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use crate::fingerprint::FingerprintBuilder;
 pub use crate::key::KeyWriter;
 pub use crate::key::parts::{Part, ViaDisplay, ViaFast};
@@ -32,6 +31,7 @@ pub use crate::options::{OnDuplicate, Options};
 pub use crate::runtime::Current;
 pub use crate::strategy::optimistic::{Retry, retry_on_conflict};
 pub use crate::strategy::state_machine::StateMachine;
+pub use probe::{ByClone, ByDecode, Probe};
 pub use std::time::Duration;
 pub use tracing::Instrument;
 

@@ -40,6 +40,7 @@ pub mod memory;
 mod toolbox;
 mod transaction;
 mod unreachable;
+pub use crate::error::BoxError;
 pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
 pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use journal::{Journal, JournalEntry, JournalStore, StepInfo};

@@ -44,7 +44,8 @@ const MAX_HASHES: u32 = 32;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::{BloomFilter, Idem};
+/// use idem_runtime::Idem;
+/// use idem_runtime::toolbox::BloomFilter;
 /// let idem = Idem::builder().build();
 /// let seen = BloomFilter::new(&idem, "orders::events", 1_000_000, 0.01)?;
 /// assert_eq!((seen.size_bits(), seen.hashes()), (9_585_059, 7));
@@ -178,7 +179,8 @@ impl BloomFilter {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{BloomFilter, Idem};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::BloomFilter;
     /// let f = BloomFilter::new(&Idem::builder().build(), "ids", 1000, 0.01)?;
     /// f.insert("a").await?;
     /// f.insert("a").await?;
@@ -197,7 +199,8 @@ impl BloomFilter {
     ///
     /// ```
     /// # fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{BloomFilter, Idem};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::BloomFilter;
     /// let f = BloomFilter::new(&Idem::builder().build(), "ids", 1000, 0.01)?;
     /// let idx = f.indexes("evt-1");
     /// assert_eq!(idx.len(), f.hashes() as usize);
@@ -326,7 +329,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{BloomFilter, Error, Idem, Options, Verdict};
+    /// use idem_runtime::{Error, Idem, Options};
+    /// use idem_runtime::toolbox::{BloomFilter, Verdict};
     /// static HANDLE: Options = Options::dedup("billing::on_event");
     /// let idem = Idem::builder().build();
     /// let seen = BloomFilter::new(&idem, "billing::events", 100_000, 0.01)?;

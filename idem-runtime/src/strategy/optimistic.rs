@@ -26,7 +26,7 @@ use crate::{Error, Idem, Key, Options};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::Retry;
+/// use idem_runtime::toolbox::Retry;
 /// static PATIENT: Retry = Retry::new(50).backoff(Duration::from_millis(1), Duration::from_millis(50));
 /// assert_eq!(PATIENT.attempts(), 50);
 /// ```
@@ -171,7 +171,8 @@ impl IsConflict for Error {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::{Idem, Optimistic, Retry, retry_on_conflict};
+/// use idem_runtime::{Idem, retry_on_conflict};
+/// use idem_runtime::toolbox::{Optimistic, Retry};
 /// static POINTS: Optimistic = Optimistic::new("loyalty::points");
 /// let idem = Idem::builder().build();
 /// let version = retry_on_conflict(&Retry::DEFAULT, || async {
@@ -206,7 +207,7 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{Optimistic, Retry};
+/// use idem_runtime::toolbox::{Optimistic, Retry};
 /// static BALANCE: Optimistic = Optimistic::new("bank::balance").retry(Retry::new(100));
 /// static SESSION: Optimistic = Optimistic::new("web::session").ttl(Duration::from_secs(3600));
 /// # let _ = (&BALANCE, &SESSION);
@@ -265,7 +266,8 @@ impl Idem {
     /// The record key of the value `key` of `family`.
     ///
     /// ```
-    /// use idem_runtime::{Idem, Optimistic};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::Optimistic;
     /// static BALANCE: Optimistic = Optimistic::new("bank::balance");
     /// let idem = Idem::builder().namespace("bank").build();
     /// let key = idem.versioned_key(&BALANCE, "acct-7");
@@ -282,7 +284,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Idem, Optimistic, Versioned};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::{Optimistic, Versioned};
     /// static PROFILE: Optimistic = Optimistic::new("users::nickname");
     /// let idem = Idem::builder().build();
     /// assert_eq!(idem.load::<String>(&PROFILE, "u1").await?, None);
@@ -319,7 +322,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, Optimistic};
+    /// use idem_runtime::{Error, Idem};
+    /// use idem_runtime::toolbox::Optimistic;
     /// static STOCK: Optimistic = Optimistic::new("shop::stock");
     /// let idem = Idem::builder().build();
     /// assert_eq!(idem.compare_and_set(&STOCK, "sku-1", 0, 10u32).await?, 1);
@@ -374,7 +378,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, Optimistic, Retry, retry_on_conflict};
+    /// use idem_runtime::{Error, Idem, retry_on_conflict};
+    /// use idem_runtime::toolbox::{Optimistic, Retry};
     /// static ACCOUNTS: Optimistic = Optimistic::new("bank::accounts");
     /// let idem = Idem::builder().build();
     /// let mut lost_once = false; // stands in for the database
@@ -418,7 +423,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, Optimistic};
+    /// use idem_runtime::{Error, Idem};
+    /// use idem_runtime::toolbox::Optimistic;
     /// static BALANCE: Optimistic = Optimistic::new("bank::balance");
     /// let idem = Idem::builder().build();
     /// let v = idem

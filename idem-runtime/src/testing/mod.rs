@@ -25,8 +25,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Barrier, Notify};
 
+use crate::codec::{NoReplay, ReplayOk, ReplayResult};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
-use crate::{Error, Fingerprint, Idem, Key, NoReplay, Options, ReplayOk, ReplayResult, Store};
+use crate::{Error, Fingerprint, Idem, Key, Options, Store};
 
 /// Runs one case: builds a multi-threaded runtime, makes the store, runs the case.
 pub fn run_case<M, MF, C, CF>(make: M, case: C)

@@ -1,6 +1,7 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{StateMachine, Moved, transition};
+use idem_runtime::transition;
+use idem_runtime::toolbox::{StateMachine, Moved};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")

@@ -1,6 +1,7 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Moved, transition};
+use idem_runtime::{Error, transition};
+use idem_runtime::toolbox::{StateMachine, Moved};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")

@@ -1,6 +1,7 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, transition};
+use idem_runtime::{Error, transition};
+use idem_runtime::toolbox::StateMachine;
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order")

@@ -1,4 +1,5 @@
-use idem_runtime::{Error, Idem, IsConflict, Optimistic, Retry, idempotent, retry_on_conflict};
+use idem_runtime::{Error, Idem, IsConflict, idempotent, retry_on_conflict};
+use idem_runtime::toolbox::{Optimistic, Retry};
 
 #[derive(Debug)]
 enum AppError {

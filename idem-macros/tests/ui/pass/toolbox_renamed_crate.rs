@@ -1,8 +1,8 @@
 // `crate = "path"` on the toolbox attributes: the expansion goes through that path.
 use idem_runtime as renamed;
 
-static ORDER: std::sync::LazyLock<renamed::StateMachine> = std::sync::LazyLock::new(|| {
-    renamed::StateMachine::builder("o")
+static ORDER: std::sync::LazyLock<renamed::toolbox::StateMachine> = std::sync::LazyLock::new(|| {
+    renamed::toolbox::StateMachine::builder("o")
         .states(["a", "b"])
         .initial("a")
         .allow("a", ["b"])
@@ -16,7 +16,7 @@ async fn retried(n: u64) -> Result<u64, renamed::Error> {
 }
 
 #[renamed::transition(machine = ORDER, key = "{id}", to = "b", crate = "crate::renamed")]
-async fn moved(id: u64) -> Result<renamed::Moved<u64>, renamed::Error> {
+async fn moved(id: u64) -> Result<renamed::toolbox::Moved<u64>, renamed::Error> {
     Ok(id)
 }
 

@@ -1,6 +1,7 @@
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, IsConflict, StateMachine, Moved, retry_on_conflict, transition};
+use idem_runtime::{Error, IsConflict, retry_on_conflict, transition};
+use idem_runtime::toolbox::{StateMachine, Moved};
 
 #[derive(Debug)]
 enum ShopError {
@@ -31,9 +32,9 @@ static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
 });
 
 mod machines {
-    pub static TICKET: std::sync::LazyLock<idem_runtime::StateMachine> =
+    pub static TICKET: std::sync::LazyLock<idem_runtime::toolbox::StateMachine> =
         std::sync::LazyLock::new(|| {
-            idem_runtime::StateMachine::builder("help::ticket")
+            idem_runtime::toolbox::StateMachine::builder("help::ticket")
                 .states(["open", "closed"])
                 .initial("open")
                 .allow("open", ["closed"])
@@ -68,7 +69,7 @@ async fn close(ticket: String) -> Result<Moved, Error> {
 }
 
 #[transition(machine = ORDER, key = "{id}", to = "paid")]
-async fn pay(id: u64) -> Result<idem_runtime::Moved<u64>, Error> {
+async fn pay(id: u64) -> Result<idem_runtime::toolbox::Moved<u64>, Error> {
     Ok(id)
 }
 

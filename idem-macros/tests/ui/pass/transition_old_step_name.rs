@@ -4,7 +4,8 @@
 
 use std::sync::LazyLock;
 
-use idem_runtime::{Error, StateMachine, Step, transition};
+use idem_runtime::{Error, transition};
+use idem_runtime::toolbox::{StateMachine, Step};
 
 static ORDER: LazyLock<StateMachine> = LazyLock::new(|| {
     StateMachine::builder("shop::order_old_name")

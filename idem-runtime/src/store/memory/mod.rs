@@ -19,7 +19,8 @@ use super::{
     BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner,
     StateStore, Store, Subscription, VersionedStore,
 };
-use crate::{Error, Fingerprint, Key, RecordInfo};
+use crate::inspect::RecordInfo;
+use crate::{Error, Fingerprint, Key};
 
 /// Many small shards rather than a few large ones: a shard grows (and is swept) in one
 /// step under its lock, so its size bounds the longest wait of a call that meets it.

@@ -13,8 +13,9 @@ use super::RedisStore;
 use super::connect::Conn;
 use super::record::corrupt;
 use super::record::evalsha;
+use crate::inspect::{RecordCount, RecordInfo, RecordState};
 use crate::store::{ClaimKind, Owner};
-use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
+use crate::{Error, Key};
 
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
@@ -296,7 +297,7 @@ fn parse_inspect(key: &Key, items: Vec<Value>) -> Result<Option<RecordInfo>, Err
     Ok(Some(RecordInfo { ttl_left, ..info }))
 }
 
-impl crate::RecordCounts for RedisStore {
+impl crate::inspect::RecordCounts for RedisStore {
     fn count_records<'a>(
         &'a self,
         namespace: Option<&'a str>,

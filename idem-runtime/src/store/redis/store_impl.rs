@@ -196,7 +196,7 @@ impl Store for RedisStore {
     fn inspect<'a>(
         &'a self,
         key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+    ) -> BoxFuture<'a, Result<Option<crate::inspect::RecordInfo>, Error>> {
         Box::pin(self.inspect_record(key))
     }
 
@@ -204,7 +204,7 @@ impl Store for RedisStore {
         Box::pin(self.forget_record(key))
     }
 
-    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+    fn record_counts(&self) -> Option<&dyn crate::inspect::RecordCounts> {
         Some(self)
     }
 

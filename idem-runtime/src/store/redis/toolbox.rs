@@ -211,7 +211,8 @@ impl RedisStore {
     /// this name followed by `:n`.
     ///
     /// ```
-    /// use idem_runtime::{BloomFilter, Idem, RedisStore};
+    /// use idem_runtime::{Idem, RedisStore};
+    /// use idem_runtime::toolbox::BloomFilter;
     /// # fn main() -> Result<(), idem_runtime::Error> {
     /// let store = RedisStore::connect("redis://127.0.0.1:6379")?;
     /// let idem = Idem::builder().store(store.clone()).namespace("shop").build();

@@ -6,8 +6,9 @@ use std::time::Duration;
 use super::record::{
     COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt, sql_err,
 };
+use crate::inspect::{RecordCount, RecordInfo, RecordState};
 use crate::store::{ClaimKind, Owner};
-use crate::{Error, Key, RecordCount, RecordInfo, RecordState};
+use crate::{Error, Key};
 
 /// A row as the inspect statement reads it, by the database's clock.
 pub(super) struct Inspected {

@@ -147,7 +147,7 @@ impl Store for SqlStore {
     fn inspect<'a>(
         &'a self,
         key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<crate::RecordInfo>, Error>> {
+    ) -> BoxFuture<'a, Result<Option<crate::inspect::RecordInfo>, Error>> {
         Box::pin(self.bounded(async move {
             let row = self.dialect.inspect(key).await?;
             row.map(|r| r.into_info(key)).transpose()
@@ -165,7 +165,7 @@ impl Store for SqlStore {
         })
     }
 
-    fn record_counts(&self) -> Option<&dyn crate::RecordCounts> {
+    fn record_counts(&self) -> Option<&dyn crate::inspect::RecordCounts> {
         Some(self)
     }
 
@@ -291,11 +291,11 @@ impl TransactionalStore for SqlStore {
     }
 }
 
-impl crate::RecordCounts for SqlStore {
+impl crate::inspect::RecordCounts for SqlStore {
     fn count_records<'a>(
         &'a self,
         namespace: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<crate::RecordCount>, Error>> {
+    ) -> BoxFuture<'a, Result<Vec<crate::inspect::RecordCount>, Error>> {
         Box::pin(self.bounded(async move {
             let rows = self.dialect.count(namespace).await?;
             Ok(super::inspection::counts(rows))

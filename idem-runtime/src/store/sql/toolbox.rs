@@ -11,8 +11,8 @@
 //!   statements, and of concurrent movers exactly one performs it.
 //! - **Bloom bitmaps** have no SQL form here: each `SqlStore` keeps them in process
 //!   memory of its own (shared with its clones), so a filter on a `SqlStore` sees only
-//!   this process' ids (see [`BloomFilter`](crate::BloomFilter)). For a filter shared by every process, put it on
-//!   Redis with [`BloomFilter::on_store`](crate::BloomFilter::on_store).
+//!   this process' ids (see [`BloomFilter`](crate::toolbox::BloomFilter)). For a filter shared by every process, put it on
+//!   Redis with [`BloomFilter::on_store`](crate::toolbox::BloomFilter::on_store).
 //!
 //! Expiry is the database's clock, as for the claim records; expired rows are ignored and
 //! replaced when touched, and deleted by [`SqlStore::purge_expired`](super::SqlStore::purge_expired)'s

@@ -24,10 +24,11 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
+use crate::options::{DEFAULT_LEASE, DEFAULT_WAIT};
 use crate::store::{
     BoxFuture, Owner, Settle, StateStore, Store, TransitionOutcome, TransitionRequest,
 };
-use crate::{DEFAULT_LEASE, DEFAULT_WAIT, Error, Idem, Key, Options};
+use crate::{Error, Idem, Key, Options};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod own_table;
@@ -50,7 +51,7 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// initial state and duplicates, all reported at once.
 ///
 /// ```
-/// use idem_runtime::StateMachine;
+/// use idem_runtime::toolbox::StateMachine;
 /// let order = StateMachine::builder("shop::order")
 ///     .states(["created", "paid", "shipped", "delivered", "cancelled"])
 ///     .initial("created")
@@ -306,7 +307,8 @@ impl Idem {
     /// The record key of `key` under `machine`.
     ///
     /// ```
-    /// use idem_runtime::{Idem, StateMachine};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::StateMachine;
     /// let m = StateMachine::builder("shop::order").states(["new"]).initial("new").build().unwrap();
     /// let idem = Idem::builder().build();
     /// assert_eq!(idem.state_key(&m, 1), idem.state_key(&m, "1"));
@@ -322,7 +324,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Idem, StateMachine};
+    /// use idem_runtime::Idem;
+    /// use idem_runtime::toolbox::StateMachine;
     /// let ticket = StateMachine::builder("help::ticket")
     ///     .states(["open", "closed"])
     ///     .initial("open")
@@ -356,7 +359,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, StateMachine, Moved};
+    /// use idem_runtime::{Error, Idem};
+    /// use idem_runtime::toolbox::{StateMachine, Moved};
     /// let order = StateMachine::builder("shop::order")
     ///     .states(["created", "paid", "cancelled"])
     ///     .initial("created")
@@ -412,7 +416,8 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, StateMachine, Moved};
+    /// use idem_runtime::{Error, Idem};
+    /// use idem_runtime::toolbox::{StateMachine, Moved};
     /// let order = StateMachine::builder("shop::order")
     ///     .states(["paid", "shipped"])
     ///     .initial("paid")

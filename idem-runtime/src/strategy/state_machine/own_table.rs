@@ -62,7 +62,8 @@ impl StateMachine {
     /// literals (a `'`, a `\` or a control character).
     ///
     /// ```
-    /// use idem_runtime::{Error, StateMachine};
+    /// use idem_runtime::Error;
+    /// use idem_runtime::toolbox::StateMachine;
     /// let orders = StateMachine::builder("shop::order")
     ///     .states(["created", "paid"])
     ///     .initial("created")
@@ -167,7 +168,8 @@ impl StateColumn {
     ///
     /// ```no_run
     /// use idem_runtime::store::sql::sqlx::PgPool;
-    /// use idem_runtime::{Error, StateMachine, Moved};
+    /// use idem_runtime::Error;
+    /// use idem_runtime::toolbox::{StateMachine, Moved};
     ///
     /// # async fn demo(pool: PgPool) -> Result<(), Error> {
     /// let orders = StateMachine::builder("shop::order")
@@ -214,7 +216,8 @@ impl StateColumn {
     ///
     /// ```no_run
     /// use idem_runtime::store::sql::sqlx::{self, PgPool};
-    /// use idem_runtime::{Error, StateMachine, Moved};
+    /// use idem_runtime::Error;
+    /// use idem_runtime::toolbox::{StateMachine, Moved};
     ///
     /// # async fn demo(pool: PgPool) -> Result<(), Error> {
     /// let orders = StateMachine::builder("shop::order")

@@ -186,7 +186,7 @@ pub async fn waiters_take_over_when_twin_fails(store: Arc<dyn Store>) {
 pub async fn fingerprint_mismatch(store: Arc<dyn Store>) {
     let idem = idem(&store);
     let fp = |n: u64| {
-        let mut b = crate::FingerprintBuilder::new();
+        let mut b = crate::codec::FingerprintBuilder::new();
         b.add(&n).unwrap();
         Some(b.finish())
     };

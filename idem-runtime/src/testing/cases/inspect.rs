@@ -2,7 +2,7 @@
 //! and, where a store offers it, [`RecordCounts::count_records`](crate::store::RecordCounts::count_records).
 
 use super::*;
-use crate::{RecordCount, RecordState};
+use crate::inspect::{RecordCount, RecordState};
 
 static INSPECT: Options = Options::dedup("conformance::inspect");
 static INSPECT_LOCK: Options = Options::lock("conformance::inspect-lock");

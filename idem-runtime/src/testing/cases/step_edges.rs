@@ -8,7 +8,7 @@ use crate::{Verified, step};
 static EDGES: Options = Options::dedup("conformance::step_edges").wait(Duration::from_secs(20));
 
 fn fp(n: u64) -> Option<Fingerprint> {
-    let mut b = crate::FingerprintBuilder::new();
+    let mut b = crate::codec::FingerprintBuilder::new();
     b.add(&n).unwrap();
     Some(b.finish())
 }

@@ -106,7 +106,7 @@ pub async fn steps_resume_after_a_dropped_future(store: Arc<dyn Store>) {
         .await
         .unwrap()
         .expect("held");
-    assert_eq!(info.state, crate::RecordState::InProgress);
+    assert_eq!(info.state, crate::inspect::RecordState::InProgress);
     let names: Vec<&str> = info.steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["a"], "inspect lists the journal of a held record");
     task.abort();

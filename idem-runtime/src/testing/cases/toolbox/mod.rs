@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::store::{Settle, TransitionOutcome, TransitionRequest};
-use crate::{BloomFilter, Moved, Optimistic, Retry, StateMachine, Verdict, retry_on_conflict};
+use crate::toolbox::retry_on_conflict;
+use crate::toolbox::{BloomFilter, Moved, Optimistic, Retry, StateMachine, Verdict};
 
 mod bloom;
 mod state_machine;
