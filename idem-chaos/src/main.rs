@@ -3,7 +3,7 @@
 //! an effects ledger kept outside idem is checked against the README's failure model.
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-chaos -- --store URL --seconds N
+//! cargo run --release -p idem-chaos -- --store URL --seconds N
 //! ```
 //!
 //! `--store` is a URL (`redis://…`, `postgres://…`, any that `idem_runtime::store::connect`
