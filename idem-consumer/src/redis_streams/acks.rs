@@ -5,7 +5,7 @@ use redis::Client;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::read::settling;
+use super::settling;
 
 /// An ack waiting for its `XACK`, and where its answer goes.
 pub(super) struct PendingAck {

@@ -70,6 +70,7 @@ mod read;
 
 use std::time::Duration;
 
+use redis::AsyncConnectionConfig;
 use tokio::sync::mpsc;
 
 pub use redis;
@@ -90,6 +91,13 @@ struct Shared {
     progress: Option<Duration>,
     /// Where acks wait for the next `XACK` (see [`acks::acker`]).
     acks: mpsc::UnboundedSender<PendingAck>,
+}
+
+/// Settlements (acks, naks, dead letters) are bounded by 5 s, to connect and to answer.
+fn settling() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_connection_timeout(Some(Duration::from_secs(5)))
 }
 
 /// A duration as whole milliseconds, as Redis takes them.

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::acks::acker;
-use super::{RedisStreamConfig, RedisStreamDelivery, Shared, millis};
+use super::{RedisStreamConfig, RedisStreamDelivery, Shared, millis, settling};
 use crate::{ConsumerError, Delivery, Horizon, Source};
 
 /// The deliveries of one consumer of a Redis Streams consumer group.
@@ -54,13 +54,6 @@ async fn connect(
         .get_multiplexed_async_connection_with_config(&settling())
         .await?;
     Ok((read, settle))
-}
-
-/// Settlements are bounded by 5 s, to connect and to answer.
-pub(super) fn settling() -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_connection_timeout(Some(Duration::from_secs(5)))
 }
 
 impl RedisStreamSource {
