@@ -1,5 +1,5 @@
 //! The `shop_api` example as its users drive it: a real server process, a real HTTP
-//! client, the routes the README's curl session uses, the ledger counted from outside,
+//! client, the routes docs/http.md's curl session uses, the ledger counted from outside,
 //! and the Prometheus scrape on `GET /metrics`.
 
 use std::process::Stdio;

@@ -1,5 +1,6 @@
-//! What a Redis restart keeps, per persistence setting: the rows of the README's failure
-//! model for a server killed with `kill -9` and started again on the same data directory.
+//! What a Redis restart keeps, per persistence setting: the rows of the failure model
+//! (docs/failure-model.md) for a server killed with `kill -9` and started again on the
+//! same data directory.
 //!
 //! Each test completes a batch of keys, kills and restarts a private server, and calls
 //! the same keys again: a kept record replays (the body does not run), a forgotten one

@@ -1,9 +1,10 @@
 //! `idem-chaos`: payments from several worker processes against one store while a
 //! controller kills workers (SIGKILL) and restarts, fails over or cuts the store; then
-//! an effects ledger kept outside idem is checked against the README's failure model.
+//! an effects ledger kept outside idem is checked against the failure model
+//! (docs/failure-model.md).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --bin idem-chaos -- --store URL --seconds N
+//! cargo run --release -p idem-chaos -- --store URL --seconds N
 //! ```
 //!
 //! `--store` is a URL (`redis://…`, `postgres://…`, any that `idem_runtime::store::connect`

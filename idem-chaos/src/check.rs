@@ -5,11 +5,12 @@
 //!
 //! 1. A run that starts after a caller was told the key is completed means a completed
 //!    record was lost: a violation on every store and setting the chaos program runs,
-//!    except a failover or a split brain without `wait_for_replicas`, where the README
-//!    says the completions not yet replicated may be lost; those are counted with their
-//!    age at the moment the primary was lost (the window: up to the promotion after a
-//!    kill; in a split brain, up to the old primary's demotion, which comes after the
-//!    network heals: its writes until then are dropped when it rejoins as a replica).
+//!    except a failover or a split brain without `wait_for_replicas`, where the failure
+//!    model (docs/failure-model.md) says the completions not yet replicated may be
+//!    lost; those are counted with their age at the moment the primary was lost (the
+//!    window: up to the promotion after a kill; in a split brain, up to the old
+//!    primary's demotion, which comes after the network heals: its writes until then
+//!    are dropped when it rejoins as a replica).
 //!    A paused worker's own late effect (`pause::late`: landed between its stop and
 //!    shortly after its resume) is the documented window of plain dedup, counted.
 //! 2. Two runs of a key with no completion between them are what the failure model

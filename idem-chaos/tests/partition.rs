@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[allow(dead_code)]
-#[path = "../src/chaos/netns.rs"]
+#[path = "../src/netns.rs"]
 mod netns;
 
 use std::collections::HashMap;
