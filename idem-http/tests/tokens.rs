@@ -21,6 +21,7 @@ on_every_store!(
     tokens_live_30_seconds_and_their_issue_is_bounded,
     a_used_token_is_422_for_another_caller,
     one_callers_token_flood_leaves_others_served,
+    anonymous_callers_are_bounded_by_their_address,
 );
 
 /// The shop's routes with the token layer on the consuming route only, as the
@@ -188,4 +189,40 @@ async fn one_callers_token_flood_leaves_others_served(b: Backend) {
         }
     }
     assert_eq!(issued, 50);
+}
+
+/// Issue 32: anonymous callers are told apart by their address when the server gives
+/// it (`ConnectInfo`): one address's flood leaves another address served.
+async fn anonymous_callers_are_bounded_by_their_address(b: Backend) {
+    let layer = IdempotencyLayer::tokens(idem(b, "tok-addr").await)
+        .token_limit_per_caller(5, Duration::from_secs(3600));
+    let app = Router::new().route("/token", layer.token_route());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, app).await.unwrap()
+    });
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let ask = |c: &reqwest::Client| {
+        let req = c.get(format!("{base}/token"));
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let (flood, other) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let mut served = 0;
+    for _ in 0..20 {
+        if ask(&flood).await == 200 {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 5, "one address is bounded");
+    for _ in 0..5 {
+        assert_eq!(ask(&other).await, 200, "another address is starved");
+    }
+    assert_eq!(ask(&other).await, 429);
 }
