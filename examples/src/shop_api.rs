@@ -11,11 +11,14 @@
 //! - `POST /payments`, JSON `{"order": u64, "cents": u64}` with an `Idempotency-Key`:
 //!   201 with a `payment_id` that is new for each run of the handler, behind the layer
 //!   with its defaults (`wait` 0: a duplicate of an in-flight payment gets 409 at once)
-//!   and keys scoped per caller: the bearer token of `Authorization` names the account,
-//!   so two accounts that pick the same key never see each other's payments.
+//!   and keys scoped by the authenticated user, so two users who pick the same key
+//!   never see each other's payments, and one user's retry after a session refresh
+//!   replays its payment.
 //! - `GET /token`, then `POST /pay` with the token as its `Idempotency-Key`: the same
-//!   payment in token mode (a token pays once). Tokens live 30 s, and the route issues
-//!   at most 200 a second (429 past that), so at most about 6,000 are alive at once.
+//!   payment in token mode (a token pays once, for the user that used it). Tokens live
+//!   30 s, and the route issues at most 200 a second (429 past that), so at most about
+//!   6,000 are alive at once, and at most 20 a second to one user (or, anonymous, to
+//!   one client address).
 //! - `POST /webhooks/payments`: a payment provider's webhook, in webhook mode. The
 //!   sender's `webhook-id` is the key, so its redeliveries run the handler once: a
 //!   delivery of an event still running waits for it (up to 30 s) and gets its 200, a
@@ -24,10 +27,20 @@
 //!   Standard Webhooks signature (`webhook-timestamp` within 5 minutes): others are
 //!   401 and never claim the event.
 //!
-//! The layers sit on the routes that use them (`route_layer`), not on the router: an
-//! unknown path is 404 and a wrong method 405, and neither uses up a token.
 //! - `GET /healthz`.
 //! - `GET /metrics`: Prometheus text for the `idem_*` counters and histograms.
+//!
+//! The layers sit on the routes that use them (`route_layer`), not on the router: an
+//! unknown path is 404 and a wrong method 405, and neither uses up a token.
+//!
+//! Authentication (a stand-in for a real one): on `/payments`, `/token` and `/pay`,
+//! `Authorization: Bearer <user>` or `Bearer <user>.<session>` (the scheme in any case)
+//! authenticates `<user>`, the part before the first `.`; any other `Authorization` is
+//! 401, before the layer, so it is never stored and its key stays free. A request
+//! without `Authorization` is anonymous; anonymous callers share one scope.
+//!
+//! The server closes a connection whose request head has not arrived within 10 s, so
+//! slow clients cannot hold connections open (`axum::serve` sets no such bound).
 //!
 //! `--store` picks the idempotency store (`memory`, the default, `redis://...`,
 //! `postgres://...`, ...): servers sharing one store share their keys. With `--ledger`,
@@ -43,9 +56,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, StatusCode, header, request};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -205,11 +219,52 @@ async fn payment_event(
     (StatusCode::OK, Json(answer)).into_response()
 }
 
-/// The account a request speaks for: here its bearer token. (A real API would look the
-/// token up, or read the account an authentication layer put in the extensions.)
-fn account(parts: &request::Parts) -> Option<String> {
-    let auth = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    auth.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+/// The user a request speaks for, as [`authenticate`] established it. Idempotency keys
+/// are scoped by it, not by the token: a refreshed session is the same user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct User(String);
+
+/// The user of an `Authorization` value: `Bearer <user>` or `Bearer <user>.<session>`,
+/// the scheme in any case. (A stand-in for looking a session token up.)
+fn user_of(authorization: &[u8]) -> Option<User> {
+    let value = std::str::from_utf8(authorization).ok()?.trim();
+    let (scheme, token) = value.split_once([' ', '\t'])?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    let user = token.split('.').next()?;
+    let printable = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
+    (!user.is_empty() && printable(token)).then(|| User(user.to_owned()))
+}
+
+/// Puts the request's [`User`] in its extensions; credentials it does not know are 401
+/// here, before the idempotency layer, so they never claim or store a key. A request
+/// without `Authorization` goes on anonymous.
+async fn authenticate(mut req: Request, next: Next) -> Response {
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    let user = match (values.next(), values.next()) {
+        (None, _) => return next.run(req).await,
+        (Some(v), None) => user_of(v.as_bytes()),
+        // Two credentials: which one speaks is not ours to guess.
+        (Some(_), Some(_)) => None,
+    };
+    let Some(user) = user else {
+        let mut res = (
+            StatusCode::UNAUTHORIZED,
+            Json(serde_json::json!({
+                "title": "Unknown credentials",
+                "status": 401,
+                "detail": "Send Authorization: Bearer <user> or Bearer <user>.<session>, or none.",
+            })),
+        )
+            .into_response();
+        res.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return res;
+    };
+    req.extensions_mut().insert(user);
+    next.run(req).await
 }
 
 /// The routes; more can be merged in (metrics, admin) without touching these.
@@ -219,16 +274,24 @@ fn router(
     metrics: PrometheusHandle,
     hooks: IdempotencyLayer,
 ) -> Router {
-    let keys = IdempotencyLayer::new(idem.clone()).scope(account);
+    let keys = IdempotencyLayer::new(idem.clone())
+        .name("payments")
+        .scope_by_extension::<User>();
     let tokens = IdempotencyLayer::tokens(idem)
+        .name("payments")
+        .scope_by_extension::<User>()
         .token_ttl(Duration::from_secs(30))
-        .token_limit(200, Duration::from_secs(1));
+        .token_limit(200, Duration::from_secs(1))
+        .token_limit_per_caller(20, Duration::from_secs(1));
+    let auth = || middleware::from_fn(authenticate);
     // Each layer on the route it guards, so that the router's 404 and 405 answer
-    // outside it: they never claim a key nor use up a token.
+    // outside it: they never claim a key nor use up a token. Authentication wraps the
+    // idempotency layer (added last, it runs first), so the user is known when the key
+    // is scoped.
     Router::new()
-        .route("/payments", post(pay).route_layer(keys))
-        .route("/token", tokens.token_route())
-        .route("/pay", post(pay).route_layer(tokens))
+        .route("/payments", post(pay).route_layer(keys).route_layer(auth()))
+        .route("/token", tokens.token_route().route_layer(auth()))
+        .route("/pay", post(pay).route_layer(tokens).route_layer(auth()))
         .route("/webhooks/payments", post(payment_event).route_layer(hooks))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(move || scrape(metrics.clone())))
@@ -353,16 +416,68 @@ async fn main() -> ExitCode {
     let addr = listener.local_addr().map_or(args.listen, |a| a);
     // The first line on stdout says where it listens (useful with port 0).
     println!("shop_api listening on http://{addr} (store {})", args.store);
-    let served = axum::serve(listener, router(idem, shop, metrics, hooks))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("shop_api: {e}");
-            ExitCode::FAILURE
-        }
+    serve(listener, router(idem, shop, metrics, hooks), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
+    ExitCode::SUCCESS
+}
+
+/// How long a client may take to send a request's head (its request line and headers).
+/// A slow client past it is disconnected: without a bound, a few hundred connections
+/// that trickle their headers in hold the server's slots for as long as they like.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown`, then lets requests in flight finish
+/// (up to 30 s). Each request carries its client's address (`ConnectInfo`), which the
+/// token route counts anonymous callers by.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let app = app
+            .clone()
+            .map_request(move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req
+            });
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            hyper_util::service::TowerToHyperService::new(app),
+        );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "connection ended");
+            }
+        });
+    }
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still running after 30 s; stopping anyway");
     }
 }

@@ -2,6 +2,8 @@
 //! client, the routes docs/http.md's curl session uses, the ledger counted from outside,
 //! and the Prometheus scrape on `GET /metrics`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -335,4 +337,245 @@ async fn webhook_redeliveries_run_once_and_forgeries_are_401() {
             .await
             .unwrap();
     assert_eq!(rows, 1, "the handler ran once for the event");
+}
+
+/// A ledger of the test's own: a schema that `shop_api` creates its tables in (through
+/// the connection's `search_path`), so the test can lock them without blocking others.
+async fn own_ledger(pool: &sqlx::PgPool, name: &str) -> (String, String) {
+    let schema = unique(name).replace('-', "_");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(pool)
+        .await
+        .unwrap();
+    let url = format!("{PG}?options=-c%20search_path%3D{schema}");
+    (schema, url)
+}
+
+async fn rows(pool: &sqlx::PgPool, table: &str, column: &str, value: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table} WHERE {column} = $1"
+    )))
+    .bind(value)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn payment(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    auth: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let mut r = client
+        .post(format!("{base}/payments"))
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(r#"{"order": 32, "cents": 3200}"#);
+    if let Some(auth) = auth {
+        r = r.header("Authorization", auth);
+    }
+    r
+}
+
+/// Issue 32: two users who pick one key, whatever case their scheme is written in, get
+/// two payments; credentials `shop_api` does not know are 401 and leave the key free.
+#[tokio::test]
+async fn users_are_told_apart_and_unknown_credentials_are_401() {
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let (schema, ledger) = own_ledger(&pool, "shop-users").await;
+    let server = serve(&[
+        "--store",
+        "redis://127.0.0.1:6379",
+        "--ledger",
+        &ledger,
+        "--namespace",
+        &unique("shop-api-users"),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let key = unique("shared-key");
+    let alice = payment(&client, &server.base, &key, Some("bearer alice.s1"))
+        .send()
+        .await
+        .unwrap();
+    let bob = payment(&client, &server.base, &key, Some("BEARER bob.s1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((alice.status().as_u16(), bob.status().as_u16()), (201, 201));
+    assert!(bob.headers().get("idempotent-replayed").is_none());
+    let alice: serde_json::Value = alice.json().await.unwrap();
+    let bob: serde_json::Value = bob.json().await.unwrap();
+    assert_ne!(
+        alice["payment_id"], bob["payment_id"],
+        "bob got alice's payment"
+    );
+    let table = format!("{schema}.shop_payments");
+    assert_eq!(rows(&pool, &table, "idempotency_key", &key).await, 2);
+
+    let free = unique("free-key");
+    for auth in ["Basic YWxpY2U6cHc=", "Bearer ", "Token alice", "bearer"] {
+        let refused = payment(&client, &server.base, &free, Some(auth))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 401, "{auth:?}");
+    }
+    let anon = payment(&client, &server.base, &free, None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon.status(), 201, "the key stayed free");
+    assert!(anon.headers().get("idempotent-replayed").is_none());
+    assert_eq!(rows(&pool, &table, "idempotency_key", &free).await, 1);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// Issue 32: the ledger is locked, so carol's payment hangs; her client times out,
+/// refreshes its session and retries under the same key. The retry is the same user:
+/// 409 while the first run is blocked (a long while after its client left), then the
+/// first run's payment. One row.
+#[tokio::test]
+async fn a_refreshed_session_after_a_timeout_pays_once() {
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let (schema, ledger) = own_ledger(&pool, "shop-carol").await;
+    let server = serve(&[
+        "--store",
+        "redis://127.0.0.1:6379",
+        "--ledger",
+        &ledger,
+        "--namespace",
+        &unique("shop-api-carol"),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let key = unique("carol-key");
+    // A first payment creates nothing new, but proves the tables exist to be locked.
+    let warm = payment(&client, &server.base, &unique("warm"), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), 201);
+    let table = format!("{schema}.shop_payments");
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {table} IN EXCLUSIVE MODE"
+    )))
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+
+    let first = payment(&client, &server.base, &key, Some("Bearer carol.session1"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        first.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the payment did not block on the locked ledger: {first:?}"
+    );
+    // Blocked for several leases' worth of heartbeats after its client left.
+    for _ in 0..3 {
+        let retry = payment(&client, &server.base, &key, Some("Bearer carol.session2"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .expect("the retry ran the payment again and blocked: another scope");
+        assert_eq!(retry.status(), 409);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    lock.rollback().await.unwrap();
+
+    let mut paid = None;
+    for _ in 0..200 {
+        let retry = payment(&client, &server.base, &key, Some("bearer carol.session2"))
+            .send()
+            .await
+            .unwrap();
+        if retry.status() == 409 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(retry.status(), 201);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        paid = Some(retry.json::<serde_json::Value>().await.unwrap());
+        break;
+    }
+    assert!(paid.is_some(), "the first run never completed");
+    assert_eq!(rows(&pool, &table, "idempotency_key", &key).await, 1);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// Issue 32: an anonymous payment takes an upcoming event's id as its key; the signed
+/// delivery of that event still runs once, and its redelivery replays.
+#[tokio::test]
+async fn a_payment_key_never_takes_a_webhook_id() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let server = serve(&[
+        "--store",
+        "redis://127.0.0.1:6379",
+        "--ledger",
+        PG,
+        "--namespace",
+        &unique("shop-api-squat"),
+        "--webhook-secret",
+        SECRET,
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let event = unique("msg");
+    let squat = payment(&client, &server.base, &event, None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(squat.status(), 201);
+    let body = r#"{"type":"payment.succeeded","order":32}"#;
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for attempt in 0..3 {
+        let a = client
+            .post(format!("{}/webhooks/payments", server.base))
+            .header("webhook-id", &event)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sign(SECRET, &event, ts, body))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status(), 200, "delivery {attempt}");
+        assert_eq!(a.headers().contains_key("idempotent-replayed"), attempt > 0);
+    }
+    assert_eq!(
+        rows(&pool, "shop_webhook_events", "event_id", &event).await,
+        1
+    );
+}
+
+/// A client that sends half a request head and then nothing is disconnected, rather
+/// than holding its connection open for as long as it likes.
+#[tokio::test]
+async fn a_slow_request_head_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = serve(&["--namespace", &unique("shop-api-slow")]).await;
+    let addr = server.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"POST /payments HTTP/1.1\r\nHost: shop\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    // Far past the server's 10 s bound: without one, this read never ends.
+    let closed = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the half-sent request still holds its connection"
+    );
 }

@@ -3,9 +3,29 @@
 
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
 use http::request::Parts;
 
+use crate::scope::{Caller, Scope, digest_of};
 use crate::{IdempotencyKey, IdempotencyLayer, Problem};
+
+/// Whom a token request counts against: its scope, or for an anonymous caller its
+/// address (its IP: one client opens connections from many ports), when the server
+/// gives it.
+fn caller(scope: &Scope, parts: &Parts) -> [u8; 16] {
+    match scope.of(parts) {
+        Caller::Shared => {
+            let ip = parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip());
+            digest_of(&ip)
+        }
+        named => digest_of(&named),
+    }
+}
 
 /// The key of a request under the layer (set in its extensions before the handler
 /// runs), else parsed from the header. A missing or malformed key is the 400 problem.
@@ -56,8 +76,11 @@ impl IdempotencyLayer {
     /// `GET` handler issuing tokens for this layer's store and namespace, each valid
     /// for its [`token_ttl`](IdempotencyLayer::token_ttl) (30 s; never longer than its
     /// [`ttl`](IdempotencyLayer::ttl)), at most
-    /// [`token_limit`](IdempotencyLayer::token_limit) of them per window (else 429); see
-    /// [`issue_token`](crate::issue_token).
+    /// [`token_limit`](IdempotencyLayer::token_limit) of them per window, and at most
+    /// [`token_limit_per_caller`](IdempotencyLayer::token_limit_per_caller) to one
+    /// caller (else 429); see [`issue_token`](crate::issue_token). Callers are told
+    /// apart by the layer's scope, so put the route behind the same authentication as
+    /// the routes that consume its tokens.
     ///
     /// Put the token layer on the routes that consume tokens, with `route_layer`, not
     /// on the whole router: then an unknown path is the router's 404 and a wrong method
@@ -78,10 +101,12 @@ impl IdempotencyLayer {
         // answer it is for.
         let ttl = self.token_ttl.min(self.ttl);
         let limit = self.token_limit.clone();
+        let callers = self.caller_limit.clone();
+        let scope = self.scope.clone();
         let docs = self.docs.clone();
-        axum::routing::get(move || {
+        axum::routing::get(move |parts: Parts| {
             let idem = idem.clone();
-            let admitted = limit.admit();
+            let admitted = callers.admit(caller(&scope, &parts), &limit);
             let docs = docs.clone();
             async move {
                 if !admitted {

@@ -36,6 +36,8 @@ pub(crate) struct Config {
     /// The options the runtime is called with.
     pub(crate) opts: Options,
     pub(crate) mode: Mode,
+    /// The operation its records are keyed under: the layer's mode and name.
+    pub(crate) operation: &'static str,
     pub(crate) required: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) id_header: HeaderName,
@@ -45,7 +47,7 @@ pub(crate) struct Config {
     pub(crate) max_response_bytes: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) docs: Option<Arc<str>>,
-    pub(crate) detached_timeout: Duration,
+    pub(crate) detached_timeout: Option<Duration>,
     #[cfg(feature = "webhooks")]
     pub(crate) secret: Option<crate::webhook::Secret>,
     #[cfg(feature = "webhooks")]
@@ -61,10 +63,13 @@ impl Config {
         }
     }
 
-    /// The layer's answer instead of the handler's, counted.
+    /// The layer's answer instead of the handler's, counted. In webhook mode it speaks
+    /// of the sender's id header, which is what the sender knows, not of an
+    /// `Idempotency-Key` it never sent.
     pub(crate) fn problem<B: Body>(&self, p: Problem) -> Response<ResponseBody<B>> {
         observe::count(Outcome::Problem(p));
-        p.response(self.docs.as_deref())
+        let header = (self.mode == Mode::Webhooks).then(|| self.id_header.as_str());
+        p.response_naming(self.docs.as_deref(), header)
     }
 }
 
@@ -73,6 +78,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("idem", &self.idem)
             .field("mode", &self.mode)
+            .field("operation", &self.operation)
             .field("required", &self.required)
             .field("methods", &self.methods)
             .field("id_header", &self.id_header)
@@ -87,7 +93,8 @@ impl fmt::Debug for Config {
 
 /// The default of [`IdempotencyLayer::store_status`](crate::IdempotencyLayer::store_status): every status except those that
 /// say "try again" (5xx, 408, 429) and those a framework answers before the handler
-/// started (400, 405, 413, 415, 422: a body that does not parse, a missing
+/// started (400, 401, 405, 413, 415, 422: a body that does not parse, credentials an
+/// authentication layer turned away, a missing
 /// `Content-Type`, a method the route lacks). A retry of either kind runs the handler.
 pub fn stored_by_default(status: StatusCode) -> bool {
     !(status.is_server_error()
@@ -96,6 +103,7 @@ pub fn stored_by_default(status: StatusCode) -> bool {
             StatusCode::REQUEST_TIMEOUT
                 | StatusCode::TOO_MANY_REQUESTS
                 | StatusCode::BAD_REQUEST
+                | StatusCode::UNAUTHORIZED
                 | StatusCode::METHOD_NOT_ALLOWED
                 | StatusCode::PAYLOAD_TOO_LARGE
                 | StatusCode::UNSUPPORTED_MEDIA_TYPE

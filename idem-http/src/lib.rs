@@ -22,9 +22,11 @@
 //! }
 //!
 //! let idem = Idem::builder().namespace("shop").build(); // or a RedisStore, a SqlStore
+//! // On the routes it guards (`route_layer`), not the whole router (`layer`): a POST to
+//! // a mistyped path is then the router's 404, and never takes the key.
 //! let app = Router::new()
 //!     .route("/payments", post(pay))
-//!     .layer(IdempotencyLayer::new(idem));
+//!     .route_layer(IdempotencyLayer::new(idem));
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! let url = format!("http://{}/payments", listener.local_addr()?);
@@ -68,15 +70,16 @@
 //! | request body over `max_request_bytes` | 413; the handler does not run |
 //! | the store down or timing out | 503 with `Retry-After`; the handler does not run |
 //! | token mode: token unknown, forged or expired | 400 |
-//! | token mode: token already used | the stored response is replayed (409 if the layer is set to reject); 422 if sent with a different request |
-//! | token mode: more tokens asked for than [`IdempotencyLayer::token_limit`] allows | 429 with `Retry-After` |
+//! | token mode: token already used | the stored response is replayed to the caller that used it (409 if the layer is set to reject); 422 if sent with a different request or by another caller |
+//! | token mode: more tokens asked for than [`IdempotencyLayer::token_limit`] allows, in all or ([`IdempotencyLayer::token_limit_per_caller`]) by one caller | 429 with `Retry-After` |
 //!
 //! - Every answer of the layer's own is an RFC 9457 `application/problem+json` body
 //!   ([`Problem`]) with a stable `code`; with [`IdempotencyLayer::docs`] its `type` is
 //!   the operator's documentation, also linked as `Link: <...>; rel="describedby"`.
 //! - Stored: every response of the handler, except
 //!   - 5xx, 408 and 429: "try again" answers;
-//!   - 400, 405, 413, 415 and 422: a framework's rejections before the handler started
+//!   - 400, 401, 405, 413, 415 and 422: a framework's (or an authentication layer's)
+//!     rejections before the handler started
 //!     (a body that does not parse, no `Content-Type`, a method the route lacks), so
 //!     the corrected retry under the same key runs;
 //!   - any response carrying [`ReleaseKey`], which every [`Problem`] does: an
@@ -97,19 +100,31 @@
 //!   never runs again.
 //! - A client that disconnects, resets its stream or times out mid-handler does not
 //!   cancel the handler: its effect may already be in flight. The request runs on,
-//!   detached from its connection (bounded by [`IdempotencyLayer::detached_timeout`]),
-//!   its response is recorded, and the client's retry waits for it or gets 409, then
-//!   the replay. A server that crashes mid-handler leaves the key held until its lease
+//!   detached from its connection, to its end (as a connected one does: a cancel
+//!   cannot recall a statement already sent), its response is recorded, and the
+//!   client's retry waits for it or gets 409, then the replay. With
+//!   [`IdempotencyLayer::detached_timeout`] idem cancels it past that bound, but keeps
+//!   its key until its lease ends, so what it sent has that long to land. A server that crashes mid-handler leaves the key held until its lease
 //!   ends ([`IdempotencyLayer::lease`]); then another server takes it over, and an
 //!   effect the dead server had in flight may still land (see the failure model).
-//! - Keys are scoped per caller: by default a request's credentials (its
-//!   `Authorization` header, and the cookie named with
-//!   [`IdempotencyLayer::session_cookie`]) take part in its key, so another caller
-//!   sending the same key and body gets a record of its own, never someone else's
-//!   response. [`IdempotencyLayer::scope`] names callers the application's way (an API
-//!   key, a tenant, a user); [`IdempotencyLayer::unscoped`] is the explicit opt-out to
-//!   one key space for all. Keys and credentials are stored as digests, never in the
-//!   clear.
+//! - Keys are scoped per caller, so another caller sending the same key and body gets
+//!   a record of its own, never someone else's response. Keys and credentials are
+//!   stored as digests, never in the clear.
+//!   - Recommended: scope by the user the application's authentication established,
+//!     [`IdempotencyLayer::scope_by_extension`] (a value an auth middleware put in the
+//!     request's extensions), or [`IdempotencyLayer::scope`] (a closure over the
+//!     request). A client that refreshes its token between a timeout and its retry is
+//!     still that user, and its retry replays.
+//!   - Default: the request's credentials (its `Authorization` header, scheme
+//!     case-insensitive and spaces folded, and the cookie named with
+//!     [`IdempotencyLayer::session_cookie`]). A raw-credential scope splits at a token
+//!     refresh: the retry under the new token is another caller, and runs the handler
+//!     again.
+//!   - [`IdempotencyLayer::unscoped`] is the explicit opt-out to one key space for all.
+//! - Each layer has a key space of its own: key mode, token mode and webhook mode on
+//!   one `Idem` never see each other's keys (an anonymous `Idempotency-Key` cannot take
+//!   a webhook's event id), and [`IdempotencyLayer::name`] sets layers of one mode
+//!   apart.
 //!
 //! # Features
 //!
@@ -137,12 +152,16 @@
 //! [`IdempotencyLayer::token_route`](IdempotencyLayer)), then sends it as its
 //! `Idempotency-Key`. Only tokens this service issued and that have not expired are
 //! accepted; each runs the handler once, for one request: the token sent again with a
-//! different request is 422, as a reused key is. Tokens are unguessable (128 random
-//! bits), so they need no caller scope.
+//! different request is 422, as a reused key is. A used token belongs to the caller
+//! that used it (scoped as key mode scopes keys): another caller sending it gets 422,
+//! never that caller's response.
 //!
 //! Tokens live 30 s ([`IdempotencyLayer::token_ttl`]), and the token route issues at
 //! most 1,000 a second per process ([`IdempotencyLayer::token_limit`]; 429 past it), so
-//! about 30,000 tokens at most are alive at once, each a record in the store.
+//! about 30,000 tokens at most are alive at once, each a record in the store. One
+//! caller gets at most 100 of them a second
+//! ([`IdempotencyLayer::token_limit_per_caller`]), so its flood leaves the rest to the
+//! others.
 //!
 //! Put the token layer on the routes that consume tokens (axum's `route_layer`), not
 //! on the whole router: an unknown path is then the router's 404 and a wrong method
@@ -166,7 +185,9 @@
 //! | no event id | 400 |
 //! | with [`IdempotencyLayer::signing_secret`] (feature `webhooks`): no valid `v1,` signature, or `webhook-timestamp` more than 5 minutes off | 401 ([`Problem::SignatureInvalid`]), never stored, the id not claimed |
 //!
-//! Event ids are one key space by default (no credentials scope: senders sign rather
+//! Problems name the id header (`webhook-id`), never an `Idempotency-Key` the sender
+//! did not send. Event ids are a key space of their own, apart from any key-mode
+//! layer's keys, and one key space by default (no credentials scope: senders sign rather
 //! than authenticate); when several senders post to one route, name each with
 //! [`IdempotencyLayer::scope`].
 //!
@@ -234,8 +255,8 @@ pub use key::{
 };
 pub use layer::{
     DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_TTL, DEFAULT_WEBHOOK_TOLERANCE, DEFAULT_WEBHOOK_WAIT,
-    IdempotencyLayer,
+    DEFAULT_TOKEN_LIMIT, DEFAULT_TOKEN_LIMIT_PER_CALLER, DEFAULT_TOKEN_TTL,
+    DEFAULT_WEBHOOK_TOLERANCE, DEFAULT_WEBHOOK_WAIT, IdempotencyLayer,
 };
 pub use problem::{Problem, ReleaseKey};
 pub use service::Idempotency;

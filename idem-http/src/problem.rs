@@ -285,11 +285,28 @@ impl Problem {
     /// The response, linking to `docs` when given. It carries [`ReleaseKey`], so the
     /// layer never stores it.
     pub fn response<B: From<Bytes>>(self, docs: Option<&str>) -> Response<B> {
+        self.response_naming(docs, None)
+    }
+
+    /// The response, with `header` (webhook mode's `webhook-id`) named where the text
+    /// speaks of the `Idempotency-Key`.
+    pub(crate) fn response_naming<B: From<Bytes>>(
+        self,
+        docs: Option<&str>,
+        header: Option<&str>,
+    ) -> Response<B> {
+        let name = |text: &'static str| match header {
+            None => std::borrow::Cow::Borrowed(text),
+            Some(h) => std::borrow::Cow::Owned(
+                text.replace("an Idempotency-Key", &format!("a {h}"))
+                    .replace("Idempotency-Key", h),
+            ),
+        };
         let body = serde_json::json!({
             "type": docs.unwrap_or("about:blank"),
-            "title": self.title(),
+            "title": name(self.title()),
             "status": self.status().as_u16(),
-            "detail": self.detail(),
+            "detail": name(self.detail()),
             "code": self.code(),
         });
         let mut res = Response::new(B::from(Bytes::from(body.to_string())));

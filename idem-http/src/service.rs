@@ -1,7 +1,8 @@
 //! The service: [`Idempotency`], and the flow of one request through it.
 
 use std::fmt;
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,7 +16,7 @@ use idem_runtime::{Error, Fingerprint};
 use crate::body::{Chunks, RequestBody, ResponseBody};
 use crate::config::{Config, Mode};
 use crate::fingerprint::fingerprint;
-use crate::future::{Detach, ResponseFuture, detach};
+use crate::future::{Cancel, Detach, ResponseFuture, Slot, detach};
 use crate::key::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use crate::observe::{self, Outcome};
 use crate::problem::{Problem, ReleaseKey};
@@ -99,13 +100,32 @@ where
         // The service that was polled ready goes with the request; its clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        // Only a layer that bounds detached requests pays for the slot its handler can
+        // be cancelled from.
+        let slot = config.detached_timeout.map(|_| Slot::new());
+        let cancel = config
+            .detached_timeout
+            .zip(slot.as_ref())
+            .map(|(timeout, slot)| {
+                let lease = config.opts.lease_for();
+                Cancel {
+                    timeout,
+                    // A renewal sent just before the cancel may still land: one heartbeat
+                    // period (a third of the lease) past the lease covers it.
+                    hold: lease + lease / 3,
+                    abandon: slot.abandoner(),
+                }
+            });
         ResponseFuture::handled(Detach::new(
-            Box::pin(run(self.config.clone(), inner, key, req)),
-            config.detached_timeout,
+            Box::pin(run(self.config.clone(), inner, key, req, slot)),
+            cancel,
             detach::<ResB, S::Error>,
         ))
     }
 }
+
+/// What the handler gives the runtime's call.
+type Handled<ResB, E> = Result<Ran<ResB>, Failed<Response<ResB>, E>>;
 
 /// One handled request: buffer and fingerprint it, then claim its key and run the
 /// handler once, or replay, or answer the problem.
@@ -114,12 +134,18 @@ async fn run<S, ReqB, ResB>(
     inner: S,
     key: IdempotencyKey,
     req: Request<ReqB>,
+    slot: Option<Slot<Handled<ResB, S::Error>>>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
-    ReqB: Body,
+    S: tower::Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + Send + 'static,
+    ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: Body,
+    ResB: Body + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Send,
 {
     // In a block, so the request's parts (borrowed for the fingerprint) take no room in
     // this future once the handler has them.
@@ -149,11 +175,15 @@ where
                 return Ok(config.problem(Problem::SignatureInvalid));
             }
         }
-        let fingerprint = fingerprint(&parts, &bytes);
-        // Tokens are unguessable and need no scope: their credentials are not hashed.
-        let scope = match config.mode {
-            Mode::Keys | Mode::Webhooks => config.scope.of(&parts),
-            Mode::Tokens => Caller::Shared,
+        let scope = config.scope.of(&parts);
+        let fingerprint = match config.mode {
+            Mode::Keys | Mode::Webhooks => fingerprint(&parts, &bytes),
+            // A token's key is the token alone, so its scope and layer go into the
+            // fingerprint its record keeps: used by another caller or at another
+            // layer, it is 422, never that caller's response.
+            Mode::Tokens => {
+                scoped_fingerprint(fingerprint(&parts, &bytes), config.operation, &scope)
+            }
         };
         let req = Request::from_parts(parts, RequestBody::buffered(bytes));
         // Boxed on its own: the runtime's call future nests the body several levels
@@ -161,8 +191,14 @@ where
         // copied.
         // Token mode keeps the fingerprint in its record and checks it itself (below).
         let request = (config.mode == Mode::Tokens).then_some(fingerprint);
-        let handler = Box::pin(handle(&config, inner, key.clone(), req, request));
+        let handler = Box::pin(handle(config.clone(), inner, key.clone(), req, request));
         (handler, fingerprint, scope)
+    };
+    // A layer with a detached_timeout runs the handler in a slot it can be cancelled
+    // from without the key being released (see `Slot`).
+    let handler = match &slot {
+        None => Handler::Direct(handler),
+        Some(slot) => Handler::Slotted(Box::pin(slot.future(handler))),
     };
     // The runtime's call is boxed apart from this future too, so that neither
     // allocation is over a kilobyte: above that size glibc's malloc leaves its
@@ -260,7 +296,7 @@ where
 /// Runs the handler, with the key in the request's extensions, and reads its response
 /// for storing. (Only polled once the key is claimed: a replay never gets here.)
 async fn handle<S, ReqB, ResB>(
-    config: &Config,
+    config: Arc<Config>,
     mut inner: S,
     key: IdempotencyKey,
     mut req: Request<RequestBody<ReqB>>,
@@ -332,6 +368,37 @@ fn replay<B: Body>(stored: Stored) -> Response<ResponseBody<B>> {
     }
     h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     res
+}
+
+/// The fingerprint a token's record keeps: the request's, its layer's and its caller's.
+fn scoped_fingerprint(request: Fingerprint, operation: &str, caller: &Caller) -> Fingerprint {
+    let mut h = blake3::Hasher::new();
+    h.update(b"idem-http token\0");
+    h.update(&request.0);
+    h.update(&(operation.len() as u64).to_le_bytes());
+    h.update(operation.as_bytes());
+    h.update(Scoped(caller, "").to_string().as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    Fingerprint(out)
+}
+
+/// The handler as the runtime's call runs it: directly, or from the slot a detached
+/// timeout can empty.
+enum Handler<F: Future> {
+    Direct(Pin<Box<F>>),
+    Slotted(Pin<Box<dyn Future<Output = F::Output> + Send>>),
+}
+
+impl<F: Future> Future for Handler<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        match self.get_mut() {
+            Handler::Direct(f) => f.as_mut().poll(cx),
+            Handler::Slotted(f) => f.as_mut().poll(cx),
+        }
+    }
 }
 
 /// The answer to each way the runtime refuses a request.

@@ -1,6 +1,8 @@
 //! Issuing one-time tokens over HTTP (`GET /token`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -94,6 +96,57 @@ impl TokenLimit {
     }
 }
 
+/// A bound on token issuance to each caller: at most `limit` tokens per window of
+/// `per`, counted per caller digest, within the process-wide [`TokenLimit`].
+///
+/// A caller is only counted once a token is issued to it, so the table holds at most
+/// as many callers as the global bound admits in one window, whatever a flood of made-up
+/// credentials sends.
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
+pub(crate) struct CallerLimit {
+    limit: u32,
+    per: Duration,
+    /// The current window's start and its counts. Held for a lookup and an increment,
+    /// never across an await.
+    counts: Mutex<(std::time::Instant, HashMap<[u8; 16], u32>)>,
+}
+
+impl CallerLimit {
+    pub(crate) fn new(limit: u32, per: Duration) -> CallerLimit {
+        CallerLimit {
+            limit,
+            per: per.max(Duration::from_millis(1)),
+            counts: Mutex::new((std::time::Instant::now(), HashMap::new())),
+        }
+    }
+
+    /// Counts one token for `caller`, if both its own bound and `global` have room.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn admit(&self, caller: [u8; 16], global: &TokenLimit) -> bool {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (start, table) = &mut *counts;
+        if start.elapsed() >= self.per {
+            *start = std::time::Instant::now();
+            table.clear();
+        }
+        let used = table.get(&caller).copied().unwrap_or(0);
+        if used >= self.limit || !global.admit() {
+            return false;
+        }
+        table.insert(caller, used + 1);
+        true
+    }
+}
+
+impl std::fmt::Debug for CallerLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallerLimit")
+            .field("limit", &self.limit)
+            .field("per", &self.per)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for TokenLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenLimit")
@@ -113,5 +166,22 @@ mod tests {
         assert!((0..3).all(|_| l.admit()));
         assert!(!l.admit());
         assert!(!l.admit());
+    }
+
+    #[test]
+    fn one_callers_flood_leaves_the_rest_to_others() {
+        let global = TokenLimit::new(10, Duration::from_secs(3600));
+        let callers = CallerLimit::new(3, Duration::from_secs(3600));
+        let (flood, other) = ([1; 16], [2; 16]);
+        assert_eq!(
+            (0..100).filter(|_| callers.admit(flood, &global)).count(),
+            3
+        );
+        assert_eq!((0..5).filter(|_| callers.admit(other, &global)).count(), 3);
+        // The global ceiling still holds over many callers.
+        let admitted = (3..100u8)
+            .filter(|c| callers.admit([*c; 16], &global))
+            .count();
+        assert_eq!(admitted, 4, "10 in all");
     }
 }

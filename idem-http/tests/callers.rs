@@ -1,7 +1,9 @@
-//! What is kept, and for whom: the caller's credentials scope its keys by default, an
-//! idem error a handler maps through `Problem` is never stored, and a framework's
-//! rejection before the handler started is not kept against the corrected retry. On
-//! MemoryStore, RedisStore and PostgreSQL, through a real HTTP client.
+//! What is kept, and for whom: the caller's credentials scope its keys by default
+//! (however their scheme and spaces are written), the user an authentication layer
+//! established scopes them across a token refresh, an idem error a handler maps
+//! through `Problem` is never stored, and a rejection before the handler started (a
+//! framework's, an authentication layer's 401) is not kept against the corrected
+//! retry. On MemoryStore, RedisStore and PostgreSQL, through a real HTTP client.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,15 +13,61 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::Router;
+use axum::extract::Request;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_http::{IdempotencyLayer, Problem};
 use support::{Answer, Backend, client, idem, serve, shop};
 
+/// The user a request speaks for, as the test app's authentication found out.
+#[derive(Clone, Hash)]
+struct User(String);
+
+/// `Bearer <user>` or `Bearer <user>.<session>` (the scheme in any case) is `<user>`;
+/// any other `Authorization` is 401; none is anonymous.
+async fn authenticate(mut req: Request, next: Next) -> Response {
+    if let Some(v) = req.headers().get("authorization") {
+        let user = v.to_str().ok().and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            let user = token.trim().split('.').next()?;
+            (scheme.eq_ignore_ascii_case("bearer") && !user.is_empty()).then(|| user.to_owned())
+        });
+        let Some(user) = user else {
+            return StatusCode::UNAUTHORIZED.into_response();
+        };
+        req.extensions_mut().insert(User(user));
+    }
+    next.run(req).await
+}
+
+/// The test app with `layer` scoped by the authenticated user, the authentication
+/// outside the layer (it runs first), as the docs set it up; or, with `auth_inside`,
+/// behind it, so that its 401s reach the layer as the handler's answer.
+async fn authenticated(layer: IdempotencyLayer, auth_inside: bool) -> (String, Arc<support::Shop>) {
+    let shop = Arc::new(support::Shop::default());
+    let layer = layer.scope_by_extension::<User>();
+    let routes = Router::new().route("/payments", post(support::pay));
+    let app = if auth_inside {
+        routes
+            .layer(middleware::from_fn(authenticate))
+            .route_layer(layer)
+    } else {
+        routes
+            .route_layer(layer)
+            .layer(middleware::from_fn(authenticate))
+    };
+    (serve(app.with_state(shop.clone())).await, shop)
+}
+
 on_every_store!(
     two_callers_one_key_one_body_never_share_a_response,
+    one_caller_however_its_scheme_and_spaces_are_written,
+    a_refreshed_session_replays,
+    two_users_never_share_a_response,
+    unknown_credentials_are_401_and_leave_the_key_free,
     a_session_cookie_scopes_keys_too,
     an_idem_error_mapped_through_problem_is_never_stored,
     rejections_before_the_handler_are_not_kept,
@@ -70,6 +118,75 @@ async fn two_callers_one_key_one_body_never_share_a_response(b: Backend) {
     assert!(m.replayed());
     assert_eq!(m.body, a.body);
     assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 32: `Authorization` schemes are case-insensitive and spaces do not matter, so
+/// the default scope by credentials reads one caller from all these spellings.
+async fn one_caller_however_its_scheme_and_spaces_are_written(b: Backend) {
+    let (base, shop) = shop(IdempotencyLayer::new(idem(b, "spelling").await)).await;
+    let first = pay_as(&base, "sp-1", &[("authorization", "Bearer alice")]).await;
+    assert_eq!((first.status, first.replayed()), (201, false));
+    for same in [
+        "bearer alice",
+        "BEARER alice",
+        "Bearer   alice",
+        "Bearer\talice ",
+    ] {
+        let again = pay_as(&base, "sp-1", &[("authorization", same)]).await;
+        assert!(again.replayed(), "{same:?} is another caller: {again:?}");
+        assert_eq!(again.body, first.body);
+    }
+    let other = pay_as(&base, "sp-1", &[("authorization", "Bearer ALICE")]).await;
+    assert!(!other.replayed(), "credentials are case-sensitive");
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 2);
+}
+
+/// Issue 32: a client times out, refreshes its session (a new bearer token, the same
+/// user) and retries under the same key: the retry replays, one payment.
+async fn a_refreshed_session_replays(b: Backend) {
+    {
+        let (base, shop) =
+            authenticated(IdempotencyLayer::new(idem(b, "refresh").await), false).await;
+        let first = pay_as(&base, "r-1", &[("authorization", "Bearer carol.session1")]).await;
+        assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
+        let retry = pay_as(&base, "r-1", &[("authorization", "bearer carol.session2")]).await;
+        assert_eq!((retry.status, retry.replayed()), (201, true), "{retry:?}");
+        assert_eq!(retry.body, first.body);
+        assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// Issue 32: two users who pick one key, under any spelling of the scheme, get a
+/// payment each; an anonymous caller gets one of its own, and never theirs.
+async fn two_users_never_share_a_response(b: Backend) {
+    let (base, shop) = authenticated(IdempotencyLayer::new(idem(b, "users").await), false).await;
+    let alice = pay_as(&base, "u-1", &[("authorization", "bearer alice.s1")]).await;
+    let bob = pay_as(&base, "u-1", &[("authorization", "BEARER bob.s1")]).await;
+    assert_eq!((alice.status, bob.status), (201, 201));
+    assert!(!bob.replayed(), "bob got alice's payment: {bob:?}");
+    assert_ne!(alice.json()["payment_id"], bob.json()["payment_id"]);
+    let anon = pay_as(&base, "u-1", &[]).await;
+    assert!(!anon.replayed());
+    let mallory = pay_as(&base, "u-1", &[("authorization", "Bearer mallory")]).await;
+    assert!(!mallory.replayed(), "mallory got the anonymous payment");
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 4);
+}
+
+/// Issue 32: credentials the authentication does not know are 401 wherever it sits
+/// (before the layer, or behind it, where the 401 reaches the layer as an answer),
+/// never stored: the key stays free, and an anonymous request with it runs.
+async fn unknown_credentials_are_401_and_leave_the_key_free(b: Backend) {
+    for auth_inside in [false, true] {
+        let (base, shop) =
+            authenticated(IdempotencyLayer::new(idem(b, "unknown").await), auth_inside).await;
+        let basic = pay_as(&base, "x-1", &[("authorization", "Basic YWxpY2U6cHc=")]).await;
+        assert_eq!(basic.status, 401, "{basic:?}");
+        let empty = pay_as(&base, "x-1", &[("authorization", "Bearer ")]).await;
+        assert_eq!(empty.status, 401, "{empty:?}");
+        let anon = pay_as(&base, "x-1", &[]).await;
+        assert_eq!((anon.status, anon.replayed()), (201, false), "{anon:?}");
+        assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+    }
 }
 
 async fn a_session_cookie_scopes_keys_too(b: Backend) {

@@ -1,7 +1,9 @@
 //! A client that goes away does not cancel its handler: the service's response future
 //! is dropped while the handler's effect is in flight, and the retry gets the handler's
-//! own response, with exactly one effect. Driven through the service directly, so the
-//! drop happens at a known point, on MemoryStore and on RedisStore.
+//! own response, with exactly one effect, however long the handler is blocked. A
+//! cancel idem makes itself (an opt-in `detached_timeout`) keeps the key until its
+//! lease ends. Driven through the service directly, so the drop happens at a known
+//! point, on MemoryStore, RedisStore and PostgreSQL.
 
 #![allow(clippy::unwrap_used)]
 
@@ -27,6 +29,19 @@ struct Handler {
     effects: Arc<AtomicU64>,
     started: Arc<Notify>,
     gate: Arc<Semaphore>,
+    /// Runs dropped before they answered.
+    cancelled: Arc<AtomicU64>,
+}
+
+/// Counts a run dropped before it answered.
+struct Cancelled(Option<Arc<AtomicU64>>);
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Handler {
@@ -35,6 +50,7 @@ impl Handler {
             effects: Arc::new(AtomicU64::new(0)),
             started: Arc::new(Notify::new()),
             gate: Arc::new(Semaphore::new(0)),
+            cancelled: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -60,10 +76,12 @@ impl Service<Request<RequestBody<Full<Bytes>>>> for Handler {
     fn call(&mut self, _req: Request<RequestBody<Full<Bytes>>>) -> Self::Future {
         let h = self.clone();
         Box::pin(async move {
+            let mut cancelled = Cancelled(Some(h.cancelled.clone()));
             let n = h.effects.fetch_add(1, Ordering::SeqCst) + 1;
             // A permit stays stored if nobody waits yet: the test cannot miss it.
             h.started.notify_one();
             let _pass = h.gate.acquire().await.unwrap();
+            cancelled.0 = None;
             let mut res = Response::new(Full::new(Bytes::from(format!("payment {n}"))));
             *res.status_mut() = StatusCode::CREATED;
             Ok(res)
@@ -145,13 +163,64 @@ async fn dropped_mid_handler_runs_once_and_retry_gets_its_response(b: Backend) {
     assert_eq!(h.effects.load(Ordering::SeqCst), 1, "exactly one effect");
 }
 
-/// A handler that runs on past `detached_timeout` is cancelled and its key released,
-/// so the work a gone client left behind is bounded.
-async fn detached_work_is_bounded_by_its_timeout(b: Backend) {
+/// Issue 32: the handler is blocked (on a database lock, say) far longer than the 60 s
+/// idem used to allow a detached request, and its client hung up long ago. Nothing
+/// cancels it: retries get 409 all along, then its own response. One effect.
+async fn a_blocked_handler_outlives_its_gone_client(
+    b: Backend,
+    blocked: Duration,
+    lease: Duration,
+) {
+    let idem: Idem = idem(b, "detached-blocked").await;
+    let h = Handler::new();
+    let mut impatient = IdempotencyLayer::new(idem.clone())
+        .lease(lease)
+        .layer(h.service());
+    {
+        std::future::poll_fn(|cx| impatient.poll_ready(cx))
+            .await
+            .unwrap();
+        let mut first = Box::pin(impatient.call(request("blocked-1")));
+        tokio::select! {
+            _ = &mut first => panic!("the handler answered before its gate opened"),
+            _ = h.started.notified() => {}
+        }
+    }
+    tokio::time::sleep(blocked).await;
+    // Were the key released, this retry would run the handler and wait at its gate.
+    let (status, replayed, _) =
+        tokio::time::timeout(Duration::from_secs(10), send(&mut impatient, "blocked-1"))
+            .await
+            .expect("the retry ran the handler again: the key was released");
+    assert_eq!((status, replayed), (StatusCode::CONFLICT, false));
+    assert_eq!(
+        h.cancelled.load(Ordering::SeqCst),
+        0,
+        "the handler was cancelled"
+    );
+
+    h.gate.add_permits(100);
+    let mut patient = IdempotencyLayer::new(idem)
+        .lease(lease)
+        .wait(Duration::from_secs(20))
+        .layer(h.service());
+    let (status, replayed, body) = send(&mut patient, "blocked-1").await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "payment 1")
+    );
+    assert_eq!(h.effects.load(Ordering::SeqCst), 1, "exactly one effect");
+}
+
+/// With a `detached_timeout`, idem cancels a handler whose client went away, but a
+/// cancel cannot recall what the handler already sent: the key stays held (retries get
+/// 409) until the claim's lease ends, then a retry runs the handler again.
+async fn a_detached_timeout_holds_the_key_until_the_lease_ends(b: Backend) {
     let idem: Idem = idem(b, "detached-timeout").await;
     let h = Handler::new();
     let mut svc = IdempotencyLayer::new(idem)
         .detached_timeout(Duration::from_millis(50))
+        .lease(Duration::from_secs(5))
         .layer(h.service());
     {
         std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
@@ -161,9 +230,29 @@ async fn detached_work_is_bounded_by_its_timeout(b: Backend) {
             _ = h.started.notified() => {}
         }
     }
-    // Once the detached run is cancelled, a retry runs the handler again.
+    // The detached run is cancelled at its timeout...
+    for _ in 0..500 {
+        if h.cancelled.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.cancelled.load(Ordering::SeqCst), 1, "never cancelled");
+    // ... and a release at the cancel would have happened by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(10), send(&mut svc, "gone-2"))
+        .await
+        .expect("the retry ran the handler again: the key was released at the cancel");
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "the key is held after the cancel"
+    );
+    assert_eq!(h.effects.load(Ordering::SeqCst), 1);
+
+    // Once the lease runs out (the heartbeat stopped with the cancel), a retry runs.
     let mut released = false;
-    for _ in 0..200 {
+    for _ in 0..400 {
         if h.effects.load(Ordering::SeqCst) > 1 {
             released = true;
             break;
@@ -175,29 +264,68 @@ async fn detached_work_is_bounded_by_its_timeout(b: Backend) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(released, "the detached run was never cancelled");
+    assert!(released, "the cancelled run's claim never ended");
+    h.gate.add_permits(100);
 }
 
 mod memory {
+    use std::time::Duration;
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dropped_mid_handler_runs_once_and_retry_gets_its_response() {
         super::dropped_mid_handler_runs_once_and_retry_gets_its_response(super::Backend::Memory)
             .await
     }
+    /// 75 s of the runtime's own clock, paused and advanced when idle: the memory
+    /// store's leases and the heartbeat run on it too.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_blocked_handler_outlives_its_gone_client() {
+        super::a_blocked_handler_outlives_its_gone_client(
+            super::Backend::Memory,
+            Duration::from_secs(75),
+            Duration::from_secs(30),
+        )
+        .await
+    }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn detached_work_is_bounded_by_its_timeout() {
-        super::detached_work_is_bounded_by_its_timeout(super::Backend::Memory).await
+    async fn a_detached_timeout_holds_the_key_until_the_lease_ends() {
+        super::a_detached_timeout_holds_the_key_until_the_lease_ends(super::Backend::Memory).await
     }
 }
 
-mod redis {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn dropped_mid_handler_runs_once_and_retry_gets_its_response() {
-        super::dropped_mid_handler_runs_once_and_retry_gets_its_response(super::Backend::Redis)
-            .await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn detached_work_is_bounded_by_its_timeout() {
-        super::detached_work_is_bounded_by_its_timeout(super::Backend::Redis).await
-    }
+/// On a server store the clock cannot be paused (its timeouts would fire while it
+/// answers): the handler stays blocked for several leases of real time instead.
+macro_rules! on_server_store {
+    ($store:ident, $backend:ident) => {
+        mod $store {
+            use std::time::Duration;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dropped_mid_handler_runs_once_and_retry_gets_its_response() {
+                super::dropped_mid_handler_runs_once_and_retry_gets_its_response(
+                    super::Backend::$backend,
+                )
+                .await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_blocked_handler_outlives_its_gone_client() {
+                super::a_blocked_handler_outlives_its_gone_client(
+                    super::Backend::$backend,
+                    Duration::from_secs(3),
+                    Duration::from_millis(600),
+                )
+                .await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_detached_timeout_holds_the_key_until_the_lease_ends() {
+                super::a_detached_timeout_holds_the_key_until_the_lease_ends(
+                    super::Backend::$backend,
+                )
+                .await
+            }
+        }
+    };
 }
+
+on_server_store!(redis, Redis);
+on_server_store!(postgres, Postgres);

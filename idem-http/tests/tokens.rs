@@ -1,5 +1,6 @@
-//! Token mode as callers misuse it: a used token sent with another request, tokens
-//! sent to paths that do not consume them, and how many tokens the route hands out.
+//! Token mode as callers misuse it: a used token sent with another request or by
+//! another caller, tokens sent to paths that do not consume them, and how many tokens
+//! the route hands out, in all and to one caller.
 //! On MemoryStore, RedisStore and PostgreSQL, through a real HTTP client.
 
 #![allow(clippy::unwrap_used)]
@@ -18,6 +19,9 @@ on_every_store!(
     a_used_token_with_another_request_is_422,
     tokens_are_consumed_only_by_their_routes,
     tokens_live_30_seconds_and_their_issue_is_bounded,
+    a_used_token_is_422_for_another_caller,
+    one_callers_token_flood_leaves_others_served,
+    anonymous_callers_are_bounded_by_their_address,
 );
 
 /// The shop's routes with the token layer on the consuming route only, as the
@@ -32,7 +36,15 @@ async fn token_app(layer: IdempotencyLayer) -> (String, std::sync::Arc<support::
 }
 
 async fn token(base: &str) -> String {
-    let res = client().get(format!("{base}/token")).send().await.unwrap();
+    token_as(base, None).await
+}
+
+async fn token_as(base: &str, auth: Option<&str>) -> String {
+    let mut req = client().get(format!("{base}/token"));
+    if let Some(auth) = auth {
+        req = req.header("authorization", auth);
+    }
+    let res = req.send().await.unwrap();
     let a = Answer::of(res).await;
     assert_eq!(a.status, 200, "{a:?}");
     a.json()["token"].as_str().unwrap().to_owned()
@@ -103,4 +115,114 @@ async fn tokens_live_30_seconds_and_their_issue_is_bounded(b: Backend) {
     let late = post_key(&c, &base, "/pay", &t, "{}").await;
     late.assert_problem(400, "idempotency-token-invalid");
     assert_eq!(shop.runs.load(Ordering::SeqCst), 0);
+}
+
+async fn pay_with(base: &str, token: &str, auth: Option<&str>) -> Answer {
+    let mut req = client()
+        .post(format!("{base}/pay"))
+        .header("idempotency-key", token)
+        .header("content-type", "application/json")
+        .body(r#"{"order":5,"cents":500}"#);
+    if let Some(auth) = auth {
+        req = req.header("authorization", auth);
+    }
+    Answer::of(req.send().await.unwrap()).await
+}
+
+/// Issue 32: a used token replays only to the caller that used it; another caller
+/// (other credentials, or none) sending it with the very same request gets 422, never
+/// that caller's response.
+async fn a_used_token_is_422_for_another_caller(b: Backend) {
+    let (base, shop) = token_app(IdempotencyLayer::tokens(idem(b, "tok-scope").await)).await;
+    let alice = Some("Bearer alice");
+    let t = token_as(&base, alice).await;
+    let first = pay_with(&base, &t, alice).await;
+    assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
+    let again = pay_with(&base, &t, Some("bearer  alice")).await;
+    assert_eq!((again.status, again.replayed()), (201, true), "{again:?}");
+    assert_eq!(again.body, first.body);
+    pay_with(&base, &t, Some("Bearer mallory"))
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    pay_with(&base, &t, None)
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+/// Issue 32: one caller flooding `GET /token` uses up its own bound, not everyone's:
+/// another caller is still served.
+async fn one_callers_token_flood_leaves_others_served(b: Backend) {
+    let layer = IdempotencyLayer::tokens(idem(b, "tok-flood").await)
+        .token_limit(50, Duration::from_secs(3600))
+        .token_limit_per_caller(10, Duration::from_secs(3600));
+    let (base, _) = token_app(layer).await;
+    let c = client();
+    let ask = |auth: String| {
+        let c = c.clone();
+        let base = base.clone();
+        async move {
+            let res = c
+                .get(format!("{base}/token"))
+                .header("authorization", auth)
+                .send()
+                .await
+                .unwrap();
+            Answer::of(res).await
+        }
+    };
+    let flood = futures_util::future::join_all((0..60).map(|_| ask("Bearer mallory".into()))).await;
+    let served = flood.iter().filter(|a| a.status == 200).count();
+    assert_eq!(served, 10, "the flooding caller is bounded");
+    for refused in flood.iter().filter(|a| a.status != 200) {
+        refused.assert_problem(429, "idempotency-token-limit");
+    }
+    for _ in 0..10 {
+        let a = ask("Bearer alice".into()).await;
+        assert_eq!(a.status, 200, "another caller is starved: {a:?}");
+    }
+    // The global ceiling still bounds all callers together.
+    let mut issued = 20;
+    for i in 0..100 {
+        if ask(format!("Bearer caller-{i}")).await.status == 200 {
+            issued += 1;
+        }
+    }
+    assert_eq!(issued, 50);
+}
+
+/// Issue 32: anonymous callers are told apart by their address when the server gives
+/// it (`ConnectInfo`): one address's flood leaves another address served.
+async fn anonymous_callers_are_bounded_by_their_address(b: Backend) {
+    let layer = IdempotencyLayer::tokens(idem(b, "tok-addr").await)
+        .token_limit_per_caller(5, Duration::from_secs(3600));
+    let app = Router::new().route("/token", layer.token_route());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, app).await.unwrap()
+    });
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let ask = |c: &reqwest::Client| {
+        let req = c.get(format!("{base}/token"));
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let (flood, other) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let mut served = 0;
+    for _ in 0..20 {
+        if ask(&flood).await == 200 {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 5, "one address is bounded");
+    for _ in 0..5 {
+        assert_eq!(ask(&other).await, 200, "another address is starved");
+    }
+    assert_eq!(ask(&other).await, 429);
 }

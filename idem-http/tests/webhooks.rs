@@ -28,6 +28,9 @@ on_every_store!(
     a_bad_signature_is_401_and_not_stored,
     a_stale_timestamp_is_401,
     senders_named_by_scope_have_ids_of_their_own,
+    an_anonymous_key_equal_to_a_webhook_id_leaves_the_event_to_run_once,
+    webhook_problems_speak_of_the_webhook_id,
+    layers_named_apart_never_share_keys,
 );
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -259,4 +262,128 @@ async fn senders_named_by_scope_have_ids_of_their_own(b: Backend) {
         2,
         "one run per sender's event"
     );
+}
+
+/// Issue 32: an anonymous client sends `POST /payments` with an `Idempotency-Key` equal
+/// to an upcoming event id. The genuine, signed delivery of that event still runs
+/// once, and its redeliveries replay it: key mode and webhook mode never share keys.
+async fn an_anonymous_key_equal_to_a_webhook_id_leaves_the_event_to_run_once(b: Backend) {
+    let idem = idem(b, "hook-collide").await;
+    let hook = Arc::new(Hook::default());
+    let hooks = IdempotencyLayer::webhooks(idem.clone())
+        .signing_secret(SECRET)
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/payments",
+            post(|body: String| async move { (StatusCode::CREATED, format!("paid {body}")) })
+                .route_layer(IdempotencyLayer::new(idem)),
+        )
+        .route("/hooks", post(receive).route_layer(hooks))
+        .with_state(hook.clone());
+    let base = serve(app).await;
+    let c = client();
+    let body = r#"{"type":"payment.succeeded"}"#;
+    let squat = c
+        .post(format!("{base}/payments"))
+        .header("idempotency-key", "msg_2KWPBgLl")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(squat.status(), 201);
+    let ts = now();
+    let deliver = || {
+        c.post(format!("{base}/hooks"))
+            .header("webhook-id", "msg_2KWPBgLl")
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sign(SECRET, "msg_2KWPBgLl", ts, body))
+            .body(body)
+            .send()
+    };
+    for attempt in 0..3 {
+        let a = Answer::of(deliver().await.unwrap()).await;
+        assert_eq!(a.status, 200, "delivery {attempt}: {a:?}");
+        assert_eq!(a.replayed(), attempt > 0, "{a:?}");
+    }
+    assert_eq!(hook.runs.load(Ordering::SeqCst), 1, "the event ran once");
+}
+
+/// Issue 32: a webhook sender never sent an `Idempotency-Key`; the problems it gets
+/// name its `webhook-id` (or the id header the layer reads).
+async fn webhook_problems_speak_of_the_webhook_id(b: Backend) {
+    let (base, hook) = endpoint(IdempotencyLayer::webhooks(idem(b, "hook-words").await)).await;
+    let c = client();
+    let missing = Answer::of(
+        c.post(format!("{base}/hooks"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    missing.assert_problem(400, "idempotency-key-missing");
+    let send = |body: &'static str| {
+        c.post(format!("{base}/hooks"))
+            .header("webhook-id", "msg_words")
+            .body(body)
+            .send()
+    };
+    assert_eq!(send("{\"a\":1}").await.unwrap().status(), 200);
+    let reused = Answer::of(send("{\"a\":2}").await.unwrap()).await;
+    reused.assert_problem(422, "idempotency-key-reused");
+    for p in [missing.json(), reused.json()] {
+        let text = format!("{} {}", p["title"], p["detail"]);
+        assert!(text.contains("webhook-id"), "{text}");
+        assert!(!text.contains("Idempotency-Key"), "{text}");
+    }
+    assert_eq!(hook.runs.load(Ordering::SeqCst), 1);
+
+    // Another id header is named as such.
+    let layer = IdempotencyLayer::webhooks(idem(b, "hook-words-gh").await)
+        .id_header(http::HeaderName::from_static("x-github-delivery"));
+    let (base, _) = endpoint(layer).await;
+    let missing = Answer::of(
+        c.post(format!("{base}/hooks"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        missing.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("x-github-delivery")
+    );
+}
+
+/// Issue 32: two key-mode layers on one `Idem` named apart never meet, even when a
+/// client sends both the same key.
+async fn layers_named_apart_never_share_keys(b: Backend) {
+    let idem = idem(b, "named").await;
+    let runs = Arc::new(AtomicU64::new(0));
+    let count = |runs: Arc<AtomicU64>| {
+        post(move || async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            (StatusCode::CREATED, format!("run {n}"))
+        })
+    };
+    let app: Router = Router::new()
+        .route(
+            "/payments",
+            count(runs.clone()).route_layer(IdempotencyLayer::new(idem.clone()).name("payments")),
+        )
+        .route(
+            "/refunds",
+            count(runs.clone()).route_layer(IdempotencyLayer::new(idem).name("refunds")),
+        );
+    let base = serve(app).await;
+    let c = client();
+    for path in ["/payments", "/refunds", "/payments", "/refunds"] {
+        let a = support::post_key(&c, &base, path, "k-1", "{}").await;
+        assert_eq!(a.status, 201, "{path}: {a:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "one run per layer");
 }
