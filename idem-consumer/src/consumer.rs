@@ -22,7 +22,7 @@ use crate::{ConsumerError, Delivery, Handler, Horizon, Message, Source};
 /// Builds a [`Consumer`]; see [`Consumer::builder`].
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct Builder {
+pub struct ConsumerBuilder {
     idem: Idem,
     opts: Options,
     max_attempts: u32,
@@ -71,7 +71,7 @@ struct Shared<E> {
     live: Live,
 }
 
-impl Builder {
+impl ConsumerBuilder {
     /// The operation's options: its name (part of every record key), the record `ttl`
     /// (must outlast the broker's redeliveries), the `lease` and the `wait` for a
     /// duplicate whose twin is still running. They must be dedup options.
@@ -162,9 +162,9 @@ impl Builder {
 
 impl Consumer {
     /// A builder on `idem`, for the operation `opts` (dedup options: see
-    /// [`Builder::options`]).
-    pub fn builder(idem: Idem, opts: Options) -> Builder {
-        Builder {
+    /// [`ConsumerBuilder::options`]).
+    pub fn builder(idem: Idem, opts: Options) -> ConsumerBuilder {
+        ConsumerBuilder {
             idem,
             opts,
             max_attempts: 5,

@@ -86,7 +86,7 @@ impl From<Error> for Failure {
 }
 
 /// Effects recorded in the idem store after the handler returns (see
-/// [`Builder::handler`](crate::Builder::handler)).
+/// [`ConsumerBuilder::handler`](crate::ConsumerBuilder::handler)).
 #[derive(Debug)]
 pub struct Plain<H>(pub(crate) H);
 

@@ -21,10 +21,10 @@
 //!   enabled;
 //! - a record ttl shorter than the broker's redelivery horizon refuses to start.
 //!
-//! With [`Builder::handler`] the effect and its record are two writes: a consumer killed
+//! With [`ConsumerBuilder::handler`] the effect and its record are two writes: a consumer killed
 //! between them (after the effect, before the record) leaves the claim to end with its
 //! lease, and the redelivery runs the effect again. Where the effect is a database write,
-//! [`Builder::transactional`] (feature `postgres`) commits the claim, the effect and the
+//! [`ConsumerBuilder::transactional`] (feature `postgres`) commits the claim, the effect and the
 //! record together, so no crash, kill or pause doubles it: a transaction left idle for
 //! the lease is ended by the server, and the paused consumer's commit is refused.
 //!
@@ -89,7 +89,12 @@ pub mod redis_streams;
 #[cfg(feature = "postgres")]
 mod tx;
 
-pub use consumer::{Builder, Consumer, Outcome};
+pub use consumer::{Consumer, ConsumerBuilder, Outcome};
+
+/// The old name of [`ConsumerBuilder`], named as idem-runtime's `IdemBuilder` is; kept
+/// for one release.
+#[deprecated(since = "0.1.0", note = "renamed `ConsumerBuilder`")]
+pub type Builder = ConsumerBuilder;
 pub use counters::Counters;
 pub use delivery::{AckError, Delivery, Horizon, Message, Source};
 pub use effect::{Effect, Handler, Plain};

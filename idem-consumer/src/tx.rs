@@ -46,7 +46,7 @@ pub trait TxHandler: Send + Sync + 'static {
 }
 
 /// Effects committed in the claim's transaction (see
-/// [`Builder::transactional`](crate::Builder::transactional)).
+/// [`ConsumerBuilder::transactional`](crate::ConsumerBuilder::transactional)).
 pub struct Transactional<H> {
     pub(crate) store: SqlStore,
     pub(crate) handler: H,

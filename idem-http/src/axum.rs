@@ -78,7 +78,7 @@ impl IdempotencyLayer {
     /// [`ttl`](IdempotencyLayer::ttl)), at most
     /// [`token_limit`](IdempotencyLayer::token_limit) of them per window, and at most
     /// [`token_limit_per_caller`](IdempotencyLayer::token_limit_per_caller) to one
-    /// caller (else 429); see [`issue_token`](crate::issue_token). Callers are told
+    /// caller (else 429); see [`token_response`](crate::token_response). Callers are told
     /// apart by the layer's scope, so put the route behind the same authentication as
     /// the routes that consume its tokens.
     ///
@@ -112,7 +112,7 @@ impl IdempotencyLayer {
                 if !admitted {
                     return Problem::TokenLimit.response(docs.as_deref());
                 }
-                crate::issue_token::<axum::body::Body>(&idem, ttl).await
+                crate::token_response::<axum::body::Body>(&idem, ttl).await
             }
         })
     }

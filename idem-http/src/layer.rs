@@ -244,7 +244,7 @@ impl IdempotencyLayer {
     }
 
     /// The layer in token mode: the `Idempotency-Key` header must carry a token this
-    /// service issued ([`issue_token`](crate::issue_token), served as `GET /token`) and
+    /// service issued ([`token_response`](crate::token_response), served as `GET /token`) and
     /// that was not used yet. A used token replays the stored response to the caller
     /// that used it (409 with [`on_duplicate`](Self::on_duplicate)`(OnDuplicate::Reject)`),
     /// and is 422 for any other caller (another scope, as key mode scopes keys) or

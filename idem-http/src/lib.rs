@@ -148,7 +148,7 @@
 //! # Token mode
 //!
 //! [`IdempotencyLayer::tokens`] is the one-time-token flow: the client first gets a
-//! token from `GET /token` ([`issue_token`]; with axum,
+//! token from `GET /token` ([`token_response`]; with axum,
 //! [`IdempotencyLayer::token_route`](IdempotencyLayer)), then sends it as its
 //! `Idempotency-Key`. Only tokens this service issued and that have not expired are
 //! accepted; each runs the handler once, for one request: the token sent again with a
@@ -260,6 +260,8 @@ pub use layer::{
 };
 pub use problem::{Problem, ReleaseKey};
 pub use service::Idempotency;
+#[allow(deprecated)]
 pub use token::issue_token;
+pub use token::token_response;
 #[cfg(feature = "webhooks")]
 pub use webhook::SecretError;

@@ -23,7 +23,7 @@ use crate::problem::Problem;
 /// # async fn main() {
 /// use http_body_util::{BodyExt, Full};
 /// let idem = idem_runtime::Idem::builder().build();
-/// let res = idem_http::issue_token::<Full<bytes::Bytes>>(&idem, std::time::Duration::from_secs(600)).await;
+/// let res = idem_http::token_response::<Full<bytes::Bytes>>(&idem, std::time::Duration::from_secs(600)).await;
 /// assert_eq!(res.status(), 200);
 /// let body = res.into_body().collect().await.unwrap().to_bytes();
 /// let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -31,7 +31,7 @@ use crate::problem::Problem;
 /// assert_eq!(json["token"].as_str().unwrap().len(), 32);
 /// # }
 /// ```
-pub async fn issue_token<B: From<Bytes>>(idem: &Idem, ttl: Duration) -> Response<B> {
+pub async fn token_response<B: From<Bytes>>(idem: &Idem, ttl: Duration) -> Response<B> {
     match idem.issue_token(ttl).await {
         Ok(token) => {
             let body = serde_json::json!({ "token": token, "expires_in": ttl.as_secs() });
@@ -154,6 +154,14 @@ impl std::fmt::Debug for TokenLimit {
             .field("per", &self.per)
             .finish()
     }
+}
+
+/// The old name of [`token_response`]: idem has one `issue_token`,
+/// [`Idem::issue_token`](idem_runtime::Idem::issue_token), and this is the HTTP answer
+/// around it.
+#[deprecated(since = "0.1.0", note = "renamed `token_response`")]
+pub async fn issue_token<B: From<Bytes>>(idem: &Idem, ttl: Duration) -> Response<B> {
+    token_response(idem, ttl).await
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ pub use fingerprint::Fingerprint;
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
 pub use key::Key;
 pub use options::{OnDuplicate, Options};
-pub use runtime::{Idem, IdemBuilder, current, init, issue_token};
+pub use runtime::{Idem, IdemBuilder, current, init};
 pub use store::Store;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -94,3 +94,9 @@ pub const MIN_LEASE: std::time::Duration = crate::options::MIN_LEASE;
 /// Moved to [`options::DEFAULT_NAMESPACE`]; the old path is kept for one release.
 #[deprecated(since = "0.1.0", note = "moved to `idem_runtime::options::DEFAULT_NAMESPACE`")]
 pub const DEFAULT_NAMESPACE: &str = crate::options::DEFAULT_NAMESPACE;
+/// Issues a one-time token on the current runtime: the one `issue_token` is now
+/// [`Idem::issue_token`] (`idem_runtime::current().issue_token(ttl)` for this).
+#[deprecated(since = "0.1.0", note = "use `Idem::issue_token` (`current().issue_token(ttl)`)")]
+pub async fn issue_token(ttl: std::time::Duration) -> Result<String, Error> {
+    current().issue_token(ttl).await
+}

@@ -4,7 +4,6 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use crate::key::{Digest, KeyWriter};
 use crate::store::Store;
@@ -239,11 +238,6 @@ fn warn_fallback() {
          to keep the in-process store on purpose, init it with a MemoryStore, \
          or set {QUIET_FALLBACK_ENV}=1"
     );
-}
-
-/// Issues a one-time token on the current runtime; see [`Idem::issue_token`].
-pub async fn issue_token(ttl: Duration) -> Result<String, Error> {
-    current().issue_token(ttl).await
 }
 
 impl Idem {

@@ -323,7 +323,8 @@ fn every_call_is_one_idem_span_with_its_outcome() {
             });
             a.unwrap();
             b.unwrap_err();
-            let token = idem_runtime::issue_token(Duration::from_secs(60))
+            let token = idem_runtime::current()
+                .issue_token(Duration::from_secs(60))
                 .await
                 .unwrap();
             redeem(&token).await.unwrap();
