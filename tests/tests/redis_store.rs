@@ -34,12 +34,12 @@ static DEDUP: Options = Options::dedup("redis_store::dedup");
 static LOCK: Options = Options::lock("redis_store::lock");
 
 /// The issue's round-trip budget, seen by the server itself (`MONITOR`): a new key is a
-/// native `SET NX GET` (pipelined with an `HGETALL` of the record's step journal, so a
-/// resumed body gets it in the same round trip) and a completion script (which drops
-/// the journal), a replay that one `SET` (and its `HGETALL`), a lock acquire
-/// and release one script each, a token issue one `SET` and its consumption two
-/// scripts. Also what runs inside each script, so that work on the server stays small.
-/// An uncontended call publishes nothing.
+/// native `SET NX GET` and a completion script, a replay that one `SET`, and neither
+/// touches a step journal; a stepped body adds one script per step, and its resumption
+/// one claim script (which hands over the journal); a lock acquire and release one
+/// script each, a token issue one `SET` and its consumption two scripts. Also what runs
+/// inside each script, so that work on the server stays small. An uncontended call
+/// publishes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_step() {
     let server = RedisServer::start();
@@ -48,7 +48,9 @@ async fn round_trips_per_step() {
     let token_opts = Options::token("redis_store::token");
     // Warm up: scripts are loaded on first use (NOSCRIPT, SCRIPT LOAD, EVALSHA).
     let _: u8 = idem
-        .dedup(&DEDUP, "warm", async { Ok::<_, Error>(1) })
+        .dedup(&DEDUP, "warm", async {
+            idem_runtime::step("a", |_| async { Ok::<_, Error>(1) }).await
+        })
         .await
         .unwrap();
     // The lock key once already, so its fence counter exists (a new one is seeded
@@ -86,10 +88,10 @@ async fn round_trips_per_step() {
     assert_eq!(
         seen(),
         (
-            vec!["set".into(), "hgetall".into(), "evalsha".into()],
-            vec!["get".into(), "set".into(), "del".into()]
+            vec!["set".into(), "evalsha".into()],
+            vec!["get".into(), "set".into()]
         ),
-        "new key: SET NX GET and HGETALL in one pipeline, then the completion script"
+        "new key: SET NX GET, then the completion script; no journal read or dropped"
     );
 
     let v: u8 = idem
@@ -99,8 +101,46 @@ async fn round_trips_per_step() {
     assert_eq!(v, 1);
     assert_eq!(
         seen(),
-        (vec!["set".into(), "hgetall".into()], vec![]),
-        "replay: one SET NX GET (and the journal's HGETALL, in the same pipeline)"
+        (vec!["set".into()], vec![]),
+        "replay: one SET NX GET"
+    );
+
+    // A stepped body: its first step makes the record stepped (the lease deadline moves
+    // into the record, the key lives as long as the journal); the completion drops the
+    // journal.
+    let stepped = |fail: bool| {
+        idem.dedup(&DEDUP, "stepped", async move {
+            let a: u8 = idem_runtime::step("a", |_| async { Ok::<_, Error>(1) }).await?;
+            if fail {
+                return Err(Error::Config("fails after its step".into()));
+            }
+            Ok::<_, Error>(a)
+        })
+    };
+    assert!(stepped(true).await.is_err());
+    let s = |v: &[&str]| -> Vec<String> { v.iter().map(|c| (*c).to_owned()).collect() };
+    assert_eq!(
+        seen(),
+        (
+            s(&["set", "evalsha", "evalsha"]),
+            s(&[
+                "get", "pttl", "time", "del", "set", "hset", "pexpire", // the step
+                "get", "time", "set", // the release keeps the stepped record
+            ])
+        ),
+        "a stepped body: the claim, one script per step, the release"
+    );
+    assert_eq!(stepped(false).await.unwrap(), 1);
+    assert_eq!(
+        seen(),
+        (
+            s(&["set", "evalsha", "evalsha"]),
+            s(&[
+                "get", "time", "pttl", "set", "hgetall", // the claim takes the journal
+                "get", "time", "set", "del", // the completion drops it
+            ])
+        ),
+        "a resumed body: the claim script hands over the journal, the step is not written"
     );
 
     idem.lock(&LOCK, "l", async { Ok::<_, Error>(()) })
@@ -272,6 +312,18 @@ async fn garbage_records_are_corrupt() {
             Junk::Bytes(with(b"p-t", b"")),
         ),
         (
+            "stepped claim without its lease deadline",
+            Junk::Bytes(with(b"p-s", b"")),
+        ),
+        (
+            "stepped claim with a garbage lease deadline",
+            Junk::Bytes(with(b"p-s", &[b'x'; 15])),
+        ),
+        (
+            "stepped claim, deadline cut short",
+            Junk::Bytes(with(b"p-s", b"1234")),
+        ),
+        (
             "token claim with garbage deadlines",
             Junk::Bytes(with(b"p-t", &[b'x'; 30])),
         ),
@@ -380,6 +432,218 @@ async fn garbage_records_are_corrupt() {
     ));
     let exists: bool = c.exists(store.record_name(&key)).await.unwrap();
     assert!(!exists, "a failed lock acquisition left its record");
+}
+
+/// A dedup claim's first step makes its record stepped: it keeps its lease deadline and
+/// lives as long as the journal, so a release keeps it (deadline all zeros, no record to
+/// an operator) and the next claims meet it. Raced by 16 claims of two payloads, only
+/// one of the journal's payload takes it over, with its journal; the other payload is
+/// refused without changing anything. Renewal moves the deadline, completion drops the
+/// journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stepped_records_keep_their_journal_and_its_payload() {
+    use idem_runtime::{Fingerprint, RecordCounts};
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let idem = idem_on(store.clone(), "stepped");
+    let key = idem.key(&DEDUP, format_args!("s"));
+    let (name, steps) = (
+        store.record_name(&key),
+        format!("{}:steps", store.record_name(&key)),
+    );
+    let mut c = raw(url).await;
+    let journal = store.journal().unwrap();
+    let (fa, fb) = (Some(Fingerprint([0xa; 16])), Some(Fingerprint([0xb; 16])));
+
+    let a = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000)).with_fingerprint(fa);
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let plain: Vec<u8> = c.get(&name).await.unwrap();
+    assert_eq!(&plain[..3], b"p-d", "no step yet: a plain dedup claim");
+    let value = Bytes::from_static(b"\x01\x02");
+    assert!(
+        journal
+            .write_step(&key, a.owner, "charge", Some(value), ms(600_000))
+            .await
+            .unwrap()
+    );
+    let rec: Vec<u8> = c.get(&name).await.unwrap();
+    assert_eq!(
+        (&rec[..3], rec.len()),
+        (&b"p-s"[..], 50),
+        "the first step makes it stepped"
+    );
+    assert_eq!(&rec[3..19], &a.owner.0.to_be_bytes());
+    assert_eq!(&rec[19..35], &[0xa; 16]);
+    let (rec_ttl, steps_ttl): (i64, i64) =
+        (c.pttl(&name).await.unwrap(), c.pttl(&steps).await.unwrap());
+    assert!(
+        rec_ttl > 30_000 && rec_ttl >= steps_ttl - 5,
+        "the record lives as long as its journal: {rec_ttl} vs {steps_ttl}"
+    );
+    let fp: Vec<u8> = c.hget(&steps, &b"\xff"[..]).await.unwrap();
+    assert_eq!(fp, [0xa; 16], "the journal keeps its payload");
+    assert!(matches!(store.inspect(&key).await.unwrap(), Some(i) if i.lease_left.is_some()));
+
+    // Released: the record stays for the journal, its deadline zeroed, its expiry kept.
+    assert!(store.release(&key, a.owner).await.unwrap());
+    let rec: Vec<u8> = c.get(&name).await.unwrap();
+    assert_eq!(&rec[..3], b"p-s");
+    assert_eq!(&rec[35..], b"000000000000000");
+    assert!(c.pttl::<_, i64>(&name).await.unwrap() > 30_000);
+    assert!(
+        !store.release(&key, a.owner).await.unwrap(),
+        "released twice"
+    );
+    assert_eq!(
+        store.inspect(&key).await.unwrap(),
+        None,
+        "no record to an operator"
+    );
+    let counts = store.count_records(Some(key.namespace())).await.unwrap();
+    assert!(
+        counts.is_empty(),
+        "a released stepped record is not counted: {counts:?}"
+    );
+
+    // 8 claims of each payload at once: exactly one of the journal's takes it over.
+    let racers = (0..16).map(|i| {
+        let store = store.clone();
+        let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000))
+            .with_fingerprint(if i % 2 == 0 { fa } else { fb });
+        tokio::spawn(async move { (req.clone(), store.claim(&key, &req).await.unwrap()) })
+    });
+    let mut winner = None;
+    for r in racers {
+        let (req, outcome) = r.await.unwrap();
+        match (req.fingerprint == fa, outcome) {
+            (true, ClaimOutcome::Resumed { journal }) => {
+                assert!(winner.is_none(), "two owners took the record");
+                assert_eq!(journal.len(), 1, "the fingerprint field is no step");
+                assert_eq!(journal[0].name, "charge");
+                winner = Some(req);
+            }
+            (_, ClaimOutcome::Busy { fingerprint, .. }) => assert_eq!(fingerprint, fa),
+            (false, ClaimOutcome::OtherPayload { fingerprint }) => {
+                assert_eq!(Some(fingerprint), fa);
+            }
+            (ours, other) => panic!("payload a: {ours}, answered {other:?}"),
+        }
+    }
+    let winner = winner.expect("the journal's payload took the record over");
+    let rec: Vec<u8> = c.get(&name).await.unwrap();
+    // (Its waited flag is set: the losers were answered `Busy`.)
+    assert_eq!(
+        (rec[0], rec[2], &rec[3..19]),
+        (b'p', b's', &winner.owner.0.to_be_bytes()[..])
+    );
+
+    // Renewal moves the kept deadline; completion drops the journal.
+    let before: u64 = std::str::from_utf8(&rec[35..]).unwrap().parse().unwrap();
+    assert!(store.renew(&key, winner.owner, ms(90_000)).await.unwrap());
+    let rec: Vec<u8> = c.get(&name).await.unwrap();
+    let after: u64 = std::str::from_utf8(&rec[35..]).unwrap().parse().unwrap();
+    assert!(
+        after >= before + 50_000,
+        "the deadline moved: {before} -> {after}"
+    );
+    assert!(
+        store
+            .complete(&key, winner.owner, Bytes::from_static(b"ok"), ms(60_000))
+            .await
+            .unwrap()
+    );
+    let exists: bool = c.exists(&steps).await.unwrap();
+    assert!(!exists, "the completion dropped the journal");
+    assert!(matches!(
+        store.claim(&key, &ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(100))).await.unwrap(),
+        ClaimOutcome::Completed { value, fingerprint } if value == Bytes::from_static(b"ok") && fingerprint == fa
+    ));
+}
+
+/// A journal left without its record (by an idem before stepped records) is never
+/// resumed by a plain claim, and its first step starts a journal of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_without_its_record_is_not_resumed() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let idem = idem_on(store.clone(), "orphan");
+    let key = idem.key(&DEDUP, format_args!("o"));
+    let steps = format!("{}:steps", store.record_name(&key));
+    let mut c = raw(url).await;
+    let _: () = c
+        .hset(&steps, "old", "d000000000000001stale")
+        .await
+        .unwrap();
+    let _: () = c.pexpire(&steps, 60_000).await.unwrap();
+    let a = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000));
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let journal = store.journal().unwrap();
+    assert!(
+        journal
+            .write_step(&key, a.owner, "new", None, ms(60_000))
+            .await
+            .unwrap()
+    );
+    let names: Vec<String> = journal
+        .read_journal(&key)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["new"]);
+}
+
+/// A token claim's journal belongs to its payload too: the token goes back to `Issued`
+/// on release (the claim's fingerprint with it), and the journal keeps the payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_journals_belong_to_their_payload() {
+    use idem_runtime::Fingerprint;
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let ns: Arc<str> = Arc::from(harness::unique("token-payload").as_str());
+    let key = Key::token(&ns, "tok");
+    let mut c = raw(url).await;
+    let (fa, fb) = (Some(Fingerprint([0xa; 16])), Some(Fingerprint([0xb; 16])));
+    assert!(store.issue(&key, Duration::from_secs(30)).await.unwrap());
+    let a = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000)).with_fingerprint(fa);
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let journal = store.journal().unwrap();
+    assert!(
+        journal
+            .write_step(&key, a.owner, "charge", None, ms(60_000))
+            .await
+            .unwrap()
+    );
+    assert!(store.release(&key, a.owner).await.unwrap());
+    let b = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000)).with_fingerprint(fb);
+    assert_eq!(
+        store.claim(&key, &b).await.unwrap(),
+        ClaimOutcome::OtherPayload {
+            fingerprint: Fingerprint([0xa; 16])
+        }
+    );
+    let state: Vec<u8> = c.get(store.record_name(&key)).await.unwrap();
+    assert_eq!(state, b"i-", "the refused claim changed nothing");
+    let blind = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000));
+    assert!(matches!(
+        store.claim(&key, &blind).await.unwrap(),
+        ClaimOutcome::Resumed { .. }
+    ));
+    assert!(store.release(&key, blind.owner).await.unwrap());
+    let again = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000)).with_fingerprint(fa);
+    assert!(
+        matches!(store.claim(&key, &again).await.unwrap(), ClaimOutcome::Resumed { journal } if journal.len() == 1)
+    );
 }
 
 /// A released token claim goes back to `Issued` with the token's remaining ttl; a token

@@ -6,16 +6,18 @@
 --          else its step journal
 -- ARGV[1]  the in-progress record to write: 'p' '-' kind owner(16) [fingerprint(16)],
 --          kind 'd' dedup, 'l' lock or 't' token; a token claim gets its two deadlines
---          appended here
+--          appended here, a dedup claim that takes a stepped record its lease deadline
 -- ARGV[2]  lease in ms (>= 1)
 -- ARGV[3]  a lock: ttl of a new fence counter in ms; else the notification channel
 --
 -- Replies: fence (an integer: claimed; 0 but for a lock) | {1, {journal as HGETALL
 --          gives it}} claimed, with the journal of earlier attempts | {2, retry_ms, fingerprint} busy
 --          | {3, record} completed (the caller parses the record) | {4} missing token
+--          | {5, fingerprint} not claimed: the journal was written for another payload
 --          | {0, reason} corrupt.
 local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
--- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 100 'd', 108 'l', 116 't'.
+-- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 100 'd', 108 'l',
+-- 115 's', 116 't'.
 local kind = string.byte(claim, 3)
 
 local v
@@ -54,12 +56,9 @@ if not v then
     return {4}
   end
   -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
-  -- its SET NX GET has just set the key).
+  -- its SET NX GET has just set the key). A stepped record lives as long as its
+  -- journal, so there is no journal to resume either.
   redis.call('SET', rec, claim, 'PX', lease)
-  local j = redis.call('HGETALL', KEYS[2])
-  if #j > 0 then
-    return {1, j}
-  end
   return 0
 end
 
@@ -76,18 +75,58 @@ local function busy(w, left, fp)
   return {2, math.max(left, 0), fp}
 end
 
+-- The fingerprint of the journal, if it was written for another payload than the
+-- claim's: then nothing may be claimed (both must have a fingerprint). The journal keeps
+-- it under the field named by the single byte 0xFF, never a step name (see step.lua).
+local function other_payload()
+  if #claim ~= 35 then
+    return nil
+  end
+  local theirs = redis.call('HGET', KEYS[2], '\255')
+  if theirs and theirs ~= string.sub(claim, 20, 35) then
+    return theirs
+  end
+end
+
+-- The journal of earlier attempts, as the claim's reply.
+local function claimed()
+  local j = redis.call('HGETALL', KEYS[2])
+  if #j > 0 then
+    return {1, j}
+  end
+  return 0
+end
+
 local function take_token(w, te, now)
+  local theirs = other_payload()
+  if theirs then
+    return {5, theirs}
+  end
   local ld = now + tonumber(lease)
   redis.call('SET', rec, claim .. string.format('%015.0f%015.0f', ld, te),
     'PXAT', string.format('%.0f', math.max(ld, te)))
   if w == 119 then
     redis.call('PUBLISH', ARGV[3], rec)
   end
-  local j = redis.call('HGETALL', KEYS[2])
-  if #j > 0 then
-    return {1, j}
+  return claimed()
+end
+
+-- A dedup claim takes a stepped record whose lease ended (released, or abandoned):
+-- unless its journal belongs to another payload, the record becomes the caller's, still
+-- stepped, and the key keeps living at least as long as the journal.
+local function take_stepped(w, now)
+  local theirs = other_payload()
+  if theirs then
+    return {5, theirs}
   end
-  return 0
+  local ld = now + tonumber(lease)
+  local left = redis.call('PTTL', rec)
+  redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015.0f', ld),
+    'PXAT', string.format('%.0f', math.max(ld, now + left)))
+  if w == 119 then
+    redis.call('PUBLISH', ARGV[3], rec)
+  end
+  return claimed()
 end
 
 -- A deadline field: 15 decimal digits (ms by the Redis clock), else nil.
@@ -137,6 +176,32 @@ elseif s == 112 then
       return {4}
     end
     return take_token(w, te, now)
+  elseif k == 115 then
+    if n ~= 34 and n ~= 50 then
+      return {0, 'malformed in-progress record'}
+    end
+    local ld = digits(string.sub(v, n - 14))
+    if not ld then
+      return {0, 'claim without its lease deadline'}
+    end
+    local fp
+    if n == 50 then
+      fp = string.sub(v, 20, 35)
+    end
+    local now = now_ms()
+    if ld > now then
+      return busy(w, ld - now, fp)
+    end
+    if kind == 100 then
+      return take_stepped(w, now)
+    end
+    -- A token or lock claim under a dedup record's name cannot be made through the
+    -- runtime (their scopes differ). A lapsed dedup claim is no token; to a lock it
+    -- is held until its journal expires.
+    if kind == 116 then
+      return {4}
+    end
+    return busy(w, redis.call('PTTL', rec), nil)
   end
   return {0, 'malformed in-progress record'}
 elseif s == 105 then

@@ -6,12 +6,27 @@
 -- Replies {next cursor, {name, state byte, name, state byte, ...}}.
 local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'string')
 local out = {}
+local now
 for _, name in ipairs(r[2]) do
   -- Records end with their hash tag; fence counters (`...}:fence`) and toolbox values
   -- (`...}:v`) do not.
   if string.sub(name, -1) == '}' then
-    out[#out + 1] = name
-    out[#out + 1] = redis.call('GETRANGE', name, 0, 0)
+    local head = redis.call('GETRANGE', name, 0, 2)
+    local live = true
+    if string.sub(head, 3, 3) == 's' and string.sub(head, 1, 1) == 'p' then
+      -- A stepped record whose lease ended (released or abandoned) is kept only for its
+      -- journal: no record to count. Its last 15 bytes are the lease deadline.
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local ld = tonumber(redis.call('GETRANGE', name, -15, -1))
+      live = not ld or ld > now
+    end
+    if live then
+      out[#out + 1] = name
+      out[#out + 1] = string.sub(head, 1, 1)
+    end
   end
 end
 return {r[1], out}

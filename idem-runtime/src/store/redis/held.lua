@@ -1,7 +1,10 @@
--- The start of complete, release and renew (prepended to each when it is loaded): reads
--- the record, checks its shape, and returns 0 unless ARGV[1] (16 owner bytes) holds it
--- in progress. Leaves v (the record), n (its length), s, w, k (its state, waited flag and
--- kind bytes) and rec (KEYS[1]) to the script that follows.
+-- The start of complete, release, renew and step (prepended to each when it is loaded):
+-- reads the record, checks its shape, and returns 0 unless ARGV[1] (16 owner bytes)
+-- holds it in progress. Leaves to the script that follows: rec (KEYS[1]), v (the
+-- record), n (its length), s, w, k (its state, waited flag and kind bytes), fp (the
+-- claim's fingerprint or nil), and for a claim that keeps its lease deadline (stepped
+-- and token claims) ld (that deadline) and now (ms by the Redis clock), else nil: the
+-- script decides what a lease that ended means for it.
 local rec = KEYS[1]
 local v = redis.pcall('GET', rec)
 if type(v) == 'table' then
@@ -12,12 +15,12 @@ if not v then
 end
 -- The record's shape is checked before its owner, so garbage is reported, not ignored.
 -- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 102 'f', 100 'd',
--- 108 'l', 116 't'.
+-- 108 'l', 115 's', 116 't'.
 local s, w, k = string.byte(v, 1, 3)
 local n = #v
 if s == 112 then
   if (w ~= 45 and w ~= 119) or not (((k == 100 or k == 108) and (n == 19 or n == 35))
-      or (k == 116 and (n == 49 or n == 65))) then
+      or (k == 115 and (n == 34 or n == 50)) or (k == 116 and (n == 49 or n == 65))) then
     return {0, 'malformed in-progress record'}
   end
 elseif s == 99 then
@@ -35,4 +38,23 @@ else
 end
 if string.sub(v, 4, 19) ~= ARGV[1] then
   return 0
+end
+local fp, ld, now
+if n == 35 or n == 50 or n == 65 then
+  fp = string.sub(v, 20, 35)
+end
+if k == 115 or k == 116 then
+  -- 15 decimal digits, ms by the Redis clock: the last field of a stepped claim, the
+  -- one before the token's deadline in a token claim.
+  if k == 115 then
+    ld = string.sub(v, n - 14)
+  else
+    ld = string.sub(v, n - 29, n - 15)
+  end
+  ld = not string.find(ld, '%D') and tonumber(ld)
+  if not ld then
+    return {0, 'claim without its lease deadline'}
+  end
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

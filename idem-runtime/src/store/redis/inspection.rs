@@ -247,21 +247,25 @@ fn parse_inspect(key: &Key, items: Vec<Value>) -> Result<Option<RecordInfo>, Err
     let digits = |b: &[u8]| -> Option<i64> { std::str::from_utf8(b).ok()?.parse().ok() };
     let info = match rec.first() {
         Some(b'p') => {
-            let kind = match rec.get(2) {
-                Some(b'd') => ClaimKind::Dedup,
-                Some(b'l') => ClaimKind::Lock,
-                Some(b't') => ClaimKind::Token,
-                _ => return Err(corrupt(key, "malformed in-progress record")),
+            // The lease deadline a stepped or token claim keeps, at `at`.
+            let lease_left = |at: usize| -> Result<Duration, Error> {
+                let lease_end = digits(&rec[at..at + 15])
+                    .ok_or_else(|| corrupt(key, "claim without its lease deadline"))?;
+                let now = digits(&now).unwrap_or(0);
+                Ok(Duration::from_millis(
+                    u64::try_from(lease_end - now).unwrap_or(0),
+                ))
             };
-            let (with_fp, lease_left) = match (kind, n) {
-                (ClaimKind::Token, 49 | 65) => {
-                    let lease_end = digits(&rec[n - 30..n - 15])
-                        .ok_or_else(|| corrupt(key, "token claim without its deadlines"))?;
-                    let now = digits(&now).unwrap_or(0);
-                    let left = u64::try_from(lease_end - now).unwrap_or(0);
-                    (n == 65, Some(Duration::from_millis(left)))
-                }
-                (ClaimKind::Dedup | ClaimKind::Lock, 19 | 35) => (n == 35, ttl_left),
+            let (kind, with_fp, lease_left) = match (rec.get(2), n) {
+                (Some(b't'), 49 | 65) => (ClaimKind::Token, n == 65, Some(lease_left(n - 30)?)),
+                // A stepped dedup claim whose lease ended (released or abandoned) is
+                // kept only for its journal (read with `Idem::steps`): no record.
+                (Some(b's'), 34 | 50) => match lease_left(n - 15)? {
+                    Duration::ZERO => return Ok(None),
+                    left => (ClaimKind::Dedup, n == 50, Some(left)),
+                },
+                (Some(b'd'), 19 | 35) => (ClaimKind::Dedup, n == 35, ttl_left),
+                (Some(b'l'), 19 | 35) => (ClaimKind::Lock, n == 35, ttl_left),
                 _ => return Err(corrupt(key, "malformed in-progress record")),
             };
             let mut owner = [0u8; 16];

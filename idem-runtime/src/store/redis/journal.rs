@@ -1,23 +1,25 @@
-//! Step journals (durable steps): a hash beside each record, read with the claim and
-//! written by an owner-checked script (see the layout in the module docs).
+//! Step journals (durable steps): a hash beside each record, read by the claim that
+//! resumes it and written by an owner-checked script (see the layout in the module docs).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Cmd, ErrorKind, RedisError, Script, Value};
+use redis::{Cmd, Script, Value};
 
 use super::RedisStore;
-use super::connect::is_transport_error;
 use super::record::corrupt;
 use super::record::{ceil_millis, evalsha};
-use super::replicas::Wait;
 use crate::store::journal::from_unix_ms;
 use crate::store::{BoxFuture, ClaimOutcome, Journal, JournalEntry, JournalStore, Owner};
 use crate::{Error, Key};
 
 /// The suffix of a record's journal name (after the hash tag: one slot with the record).
 pub(super) const STEPS: &str = ":steps";
+
+/// The journal's field that keeps the fingerprint it was written under (see `step.lua`):
+/// the single byte 0xFF, never valid UTF-8, so never a step name.
+const FINGERPRINT_FIELD: &[u8] = b"\xff";
 
 static STEP: LazyLock<Script> =
     LazyLock::new(|| Script::new(concat!(include_str!("held.lua"), include_str!("step.lua"))));
@@ -33,7 +35,8 @@ pub(super) fn claimed_with(key: &Key, journal: Value) -> Result<ClaimOutcome, Er
     }
 }
 
-/// An `HGETALL` reply (flat pairs, or a RESP3 map) as journal entries.
+/// An `HGETALL` reply (flat pairs, or a RESP3 map) as journal entries, without the
+/// journal's fingerprint.
 fn parse_journal(key: &Key, reply: Value) -> Result<Journal, Error> {
     let pairs: Vec<(Value, Value)> = match reply {
         Value::Nil => return Ok(Vec::new()),
@@ -50,6 +53,7 @@ fn parse_journal(key: &Key, reply: Value) -> Result<Journal, Error> {
     };
     pairs
         .into_iter()
+        .filter(|(name, _)| !matches!(name, Value::BulkString(n) if n == FINGERPRINT_FIELD))
         .map(|pair| match pair {
             (Value::BulkString(name), Value::BulkString(entry)) => entry_of(key, name, entry),
             other => Err(corrupt(key, format!("unexpected journal entry {other:?}"))),
@@ -74,61 +78,6 @@ fn entry_of(key: &Key, name: Vec<u8>, entry: Vec<u8>) -> Result<JournalEntry, Er
 }
 
 impl RedisStore {
-    /// `cmd` (a dedup claim's `SET`), then `HGETALL steps`, then `WAIT` if asked, in one
-    /// pipeline and one round trip; bounded and retried like [`exec_with`](Self::exec_with).
-    /// An error reply to `cmd` is the error; otherwise the three replies.
-    pub(super) async fn claim_pipelined(
-        &self,
-        cmd: &Cmd,
-        steps: &str,
-        wait: Option<&Wait>,
-    ) -> Result<Result<(Value, Value, Option<Value>), RedisError>, Error> {
-        use redis::aio::ConnectionLike as _;
-        let inner = &*self.inner;
-        let bound = inner.timeout + wait.map_or(Duration::ZERO, |w| w.timeout);
-        let deadline = tokio::time::Instant::now() + bound;
-        let mut lease = match inner.conns.ready() {
-            Ok(lease) => lease,
-            Err(slot) => Box::pin(tokio::time::timeout_at(deadline, inner.conns.connect(slot)))
-                .await
-                .map_err(|_| Error::store(inner.conns.target().timed_out(bound)))??,
-        };
-        let mut pipe = redis::Pipeline::with_capacity(3);
-        pipe.add_command(cmd.clone());
-        pipe.cmd("HGETALL").arg(steps);
-        if let Some(w) = wait {
-            pipe.add_command(w.cmd());
-        }
-        let n = pipe.len();
-        let run = lease.conn.req_packed_commands(&pipe, 0, n);
-        match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(replies)) => {
-                let mut replies = replies.into_iter();
-                Ok(match (replies.next(), replies.next()) {
-                    (Some(Value::ServerError(e)), _) => Err(e.into()),
-                    (Some(set), Some(journal)) => Ok((set, journal, replies.next())),
-                    _ => Err(RedisError::from((
-                        ErrorKind::Client,
-                        "no reply to a pipelined claim",
-                    ))),
-                })
-            }
-            Ok(Err(e)) => {
-                if is_transport_error(&e) || e.code() == Some("READONLY") {
-                    inner.conns.retire(&lease);
-                    return Err(Error::store(e));
-                }
-                Ok(Err(e))
-            }
-            Err(_) => {
-                inner.conns.retire(&lease);
-                Err(Error::store(format!(
-                    "redis did not answer within {bound:?}"
-                )))
-            }
-        }
-    }
-
     async fn write_step_script(
         &self,
         key: &Key,

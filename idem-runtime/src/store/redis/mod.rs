@@ -8,19 +8,31 @@
 //! The string is one state byte and what that state needs, at fixed places:
 //!
 //! - in progress: `p`, a waited flag (`-`, or `w` once a `Busy` answer was given, so
-//!   whoever ends the claim publishes), the kind (`d` dedup, `l` lock, `t` token), the
-//!   owner's 16 bytes, the fingerprint's 16 bytes if the claim had one; a token claim
-//!   ends with its lease deadline and the token's deadline (15 decimal digits each, ms
-//!   by the Redis clock). A dedup or lock claim keeps no deadline: the key's own expiry
-//!   is the lease.
+//!   whoever ends the claim publishes), the kind (`d` dedup, `l` lock, `s` stepped
+//!   dedup, `t` token), the owner's 16 bytes, the fingerprint's 16 bytes if the claim
+//!   had one; a stepped claim ends with its lease deadline, a token claim with its lease
+//!   deadline and the token's deadline (15 decimal digits each, ms by the Redis clock).
+//!   A dedup or lock claim keeps no deadline: the key's own expiry is the lease.
 //! - completed: `c`, then `-` and the value, or `f`, the fingerprint's 16 bytes and the
 //!   value.
 //! - issued token: `i` and the waited flag; the key's expiry is the token's.
 //!
 //! A record's step journal (durable steps) is a hash at `...}:steps`, one field per step
 //! name: `d` (done) or `i` (an intent), when it was written (15 decimal digits, ms by the
-//! Redis clock), then the value. It expires with the record's ttl after its last write,
-//! survives a release or an expired lease, and is dropped by a completion or a `forget`.
+//! Redis clock), then the value. The field named by the single byte `0xFF` (never a step
+//! name: those are UTF-8) keeps the fingerprint of the last claim with one that wrote a
+//! step. The journal expires with the record's ttl after its last write, survives a
+//! release or an expired lease, and is dropped by a completion or a `forget`.
+//!
+//! A dedup claim's first step makes its record *stepped* (`d` becomes `s`): the lease
+//! moves into the record as a deadline, and the key lives at least as long as the
+//! journal. So while a journal lives its record exists, even released (its deadline then
+//! all zeros) or abandoned (its deadline past), and the next claim meets it: one of
+//! another payload is refused ([`ClaimOutcome::OtherPayload`](crate::store::ClaimOutcome::OtherPayload)),
+//! any other takes the record over and resumes the journal, in one script. A stepped
+//! record whose lease ended is no record to [`inspect`](crate::Store::inspect), `forget`
+//! or `idem stats`, only its journal's keeper. A call without steps never touches a
+//! journal.
 //!
 //! Anything else under a record's name (another type, an unknown state byte, a record
 //! cut short) is reported as [`Error::Corrupt`], never replayed; that includes the hash
@@ -33,21 +45,25 @@
 //! one Lua script run by SHA (`EVALSHA`, reloaded on `NOSCRIPT`).
 //!
 //! - A dedup claim is `SET rec <in-progress record> NX GET PX lease`: no reply is a new
-//!   claim, a completed record a replay; anything else (held by another owner, a token,
-//!   garbage) goes to the claim script, which answers busy, takes a token over, or
-//!   reports corruption. So a new key costs that `SET` and a completion, a replay one `SET`.
-//!   The `SET` is pipelined with an `HGETALL` of the record's step journal, so a claim that
-//!   resumes a stepped body gets its journal in the same round trip.
+//!   claim, a completed record a replay; anything else (held by another owner, a stepped
+//!   record to resume, a token, garbage) goes to the claim script, which answers busy,
+//!   takes a stepped record or a token over (with its journal, in the same reply), refuses
+//!   another payload, or reports corruption. So a new key costs that `SET` and a
+//!   completion, a replay one `SET`, a resumed body one more script.
+//! - Each durable step is one script: check the owner and the lease, write the entry
+//!   (the first step of a dedup claim also makes the record stepped).
 //! - Completion, release and renewal are small scripts: read the record, compare the
-//!   owner's bytes, then `SET … PX`, `DEL` or `PEXPIRE`, and `PUBLISH` only if somebody
-//!   waited.
+//!   owner's bytes (and a kept lease deadline), then `SET … PX`, `DEL` or `PEXPIRE`
+//!   (a stepped record: `SET … KEEPTTL` on release, `PEXPIREAT … GT` on renewal), and
+//!   `PUBLISH` only if somebody waited. Only a stepped or token claim's completion drops
+//!   a journal.
 //! - A lock acquisition is one script (`SET … NX GET PX`, then the fence counter's
 //!   `INCR`; the counter's expiry is set when it starts, and a new one starts from the
 //!   Redis clock in microseconds, so fences only grow); a release one more.
 //! - Issuing a token is `SET rec i- NX PX ttl`; consuming it a claim script and a completion.
 //!
-//! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a token
-//! claim), never the client's clock.
+//! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a stepped
+//! or token claim), never the client's clock.
 //!
 //! # Connections, waiting, timeouts
 //!

@@ -1,18 +1,27 @@
--- Gives a claim back if `owner` holds it: deletes the record, or returns a claimed token
--- to `Issued` with the token's remaining ttl (one round trip).
+-- Gives a claim back if `owner` holds it (one round trip): deletes a plain dedup or lock
+-- record, returns a claimed token to `Issued` with the token's remaining ttl, and keeps
+-- a stepped record for its journal, its lease ended.
 --
 -- KEYS[1] record; ARGV[1] owner (16 bytes); ARGV[2] channel.
 -- Replies 1 (released), 0 (not the holder), or {0, reason} (corrupt).
 -- Runs after held.lua: `v` is a record in progress held by ARGV[1].
-if k == 116 then
+if k == 115 then
+  -- A stepped record whose lease ran out is free already, maybe taken over next.
+  if ld <= now then
+    return 0
+  end
+  -- Its lease deadline becomes all zeros (released, where a lease that ran out keeps
+  -- its deadline), nobody waits any more, and the key keeps its expiry: that of the
+  -- journal, so a claim meets the record and checks the journal's payload.
+  redis.call('SET', rec, 'p-s' .. string.sub(v, 4, n - 15) .. '000000000000000', 'KEEPTTL')
+elseif k == 116 then
   -- (15 decimal digits, ms by the Redis clock)
   local te = string.sub(v, n - 14)
   te = not string.find(te, '%D') and tonumber(te)
   if not te then
     return {0, 'token claim without its deadlines'}
   end
-  local t = redis.call('TIME')
-  if te > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  if te > now then
     redis.call('SET', rec, 'i-', 'PXAT', string.format('%.0f', te))
   else
     redis.call('DEL', rec)

@@ -76,6 +76,10 @@ pub(super) fn parse_claim(key: &Key, reply: Value) -> Result<ClaimOutcome, Error
         }),
         (Some(Value::Int(3)), Some(Value::BulkString(record))) => parse_completed(key, record),
         (Some(Value::Int(4)), None) => Ok(ClaimOutcome::Missing),
+        (Some(Value::Int(5)), Some(fp)) => match fingerprint(key, Some(&fp))? {
+            Some(fingerprint) => Ok(ClaimOutcome::OtherPayload { fingerprint }),
+            None => Err(corrupt(key, "another payload without its fingerprint")),
+        },
         (Some(Value::Int(1)), Some(journal)) => super::journal::claimed_with(key, journal),
         (Some(Value::Int(0)), Some(Value::BulkString(why))) => {
             Err(corrupt(key, String::from_utf8_lossy(&why)))

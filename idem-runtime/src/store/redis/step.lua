@@ -1,27 +1,43 @@
 -- Journals one durable step if `owner` still holds the record with a live lease (one
 -- round trip): the journal is a hash beside the record (same hash tag, one slot), one
--- field per step name, and expires `ttl` after its last write.
+-- field per step name, and expires `ttl` after its last write. The field named by the
+-- single byte 0xFF (never a step name: those are UTF-8) keeps the fingerprint of the
+-- last claim with one that wrote a step, so a claim of another payload is refused.
+--
+-- A dedup claim's first step makes its record a stepped one (kind 's'): the lease
+-- deadline moves into the record, and the key lives as long as the journal, so a
+-- released or abandoned record still meets the next claim, which checks the payload.
 --
 -- KEYS[1] record; KEYS[2] its journal; ARGV[1] owner (16 bytes); ARGV[2] step name;
 -- ARGV[3] 'd' (done: ARGV[4] is the value) or 'i' (intent, no value); ARGV[5] ttl in ms.
 -- Replies 1 (journaled), 0 (not the holder), or {0, reason} (corrupt).
 -- Runs after held.lua: `v` is a record in progress held by ARGV[1].
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if k == 116 then
-  -- A token claim outlives its lease: check the lease deadline it keeps.
-  local ld = string.sub(v, n - 29, n - 15)
-  ld = not string.find(ld, '%D') and tonumber(ld)
-  if not ld then
-    return {0, 'token claim without a lease deadline'}
+if k == 100 then
+  local left = redis.call('PTTL', rec)
+  if left < 0 then
+    return {0, 'dedup claim without an expiry'}
   end
-  if ld <= now then
-    return 0
-  end
-elseif k ~= 100 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  ld = now + left
+  -- A plain dedup claim has no journal of its own: whatever is there was left by an
+  -- older idem that did not keep the record, and was never read by this claim.
+  redis.call('DEL', KEYS[2])
+  redis.call('SET', rec, 'p' .. string.char(w) .. 's' .. string.sub(v, 4)
+    .. string.format('%015.0f', ld), 'PXAT', string.format('%.0f', math.max(ld, now + tonumber(ARGV[5]))))
+elseif not ld then
   return {0, 'steps are journaled for dedup and token claims only'}
+elseif ld <= now then
+  return 0
+elseif k == 115 then
+  redis.call('PEXPIREAT', rec, string.format('%.0f', now + tonumber(ARGV[5])), 'GT')
 end
 -- The entry: its kind, when (15 decimal digits, ms by the Redis clock), the value.
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3] .. string.format('%015.0f', now) .. ARGV[4])
+local entry = ARGV[3] .. string.format('%015.0f', now) .. ARGV[4]
+if fp then
+  redis.call('HSET', KEYS[2], ARGV[2], entry, '\255', fp)
+else
+  redis.call('HSET', KEYS[2], ARGV[2], entry)
+end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use redis::{Cmd, Script, Value};
 
 use super::RedisStore;
-use super::journal::{STEPS, claimed_with};
+use super::journal::STEPS;
 use super::record::corrupt;
 use super::record::{ceil_millis, evalsha, in_progress};
 use super::reply::{parse_claim, parse_completed};
@@ -74,22 +74,24 @@ impl Store for RedisStore {
                         .arg("GET")
                         .arg("PX")
                         .arg(lease);
-                    // The journal is read in the same round trip, after the `SET`: if
-                    // that claimed the record, no earlier owner can write it any more.
+                    // A record with a step journal outlives its claim as long as the
+                    // journal does (a stepped record), so a key the `SET` finds free has
+                    // no journal to resume: a new key costs this one command.
                     let wait = self.inner.wait.as_ref();
-                    match self.claim_pipelined(&cmd, &names, wait).await? {
-                        Ok((Value::Nil, journal, reply)) => {
+                    match self.exec_with(None, &cmd, wait).await? {
+                        Ok((Value::Nil, reply)) => {
                             if let Some(w) = wait {
                                 w.check(reply.as_ref())?;
                             }
-                            return claimed_with(key, journal);
+                            return Ok(ClaimOutcome::Claimed { fence: 0 });
                         }
-                        Ok((Value::BulkString(b), _, _)) if b.first() == Some(&b'c') => {
+                        Ok((Value::BulkString(b), _)) if b.first() == Some(&b'c') => {
                             return parse_completed(key, b);
                         }
                         // WRONGTYPE: not a string; the script says so in its words.
                         Err(e) if e.code() != Some("WRONGTYPE") => return Err(Error::store(e)),
-                        // Held by another owner, a token, or garbage: the script decides.
+                        // Held by another owner, a stepped record (to resume, or of
+                        // another payload), a token, or garbage: the script decides.
                         _ => {}
                     }
                     let mut cmd = evalsha(&CLAIM, 2);

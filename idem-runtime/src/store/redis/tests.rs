@@ -56,6 +56,10 @@ fn garbage_replies_are_corrupt_not_panics() {
             Value::Int(5),
             Value::BulkString(vec![1, 2, 3]),
         ]),
+        // Another payload's answer always names a whole fingerprint.
+        Value::Array(vec![Value::Int(5)]),
+        Value::Array(vec![Value::Int(5), Value::Nil]),
+        Value::Array(vec![Value::Int(5), Value::BulkString(vec![1; 15])]),
     ] {
         assert!(
             matches!(parse_claim(&key, v.clone()), Err(Error::Corrupt { .. })),
@@ -122,5 +126,42 @@ fn in_progress_records_have_their_fixed_layout() {
     assert_eq!(
         hex32(&[0xab; 16]).as_str(),
         "abababababababababababababababab"
+    );
+}
+
+/// The claim script's "another payload" answer, and a resumed journal whose fingerprint
+/// field (the byte 0xFF, never a step name) is no step.
+#[test]
+fn another_payload_and_the_journal_fingerprint_parse() {
+    let key = Key::from_str("t", "s", "k");
+    let other = Value::Array(vec![Value::Int(5), Value::BulkString(vec![4; 16])]);
+    assert_eq!(
+        parse_claim(&key, other).unwrap(),
+        ClaimOutcome::OtherPayload {
+            fingerprint: Fingerprint([4; 16])
+        }
+    );
+    let journal = Value::Array(vec![
+        Value::BulkString(vec![0xff]),
+        Value::BulkString(vec![4; 16]),
+        Value::BulkString(b"charge".to_vec()),
+        Value::BulkString(b"d000000000000042v".to_vec()),
+    ]);
+    match parse_claim(&key, Value::Array(vec![Value::Int(1), journal])).unwrap() {
+        ClaimOutcome::Resumed { journal } => {
+            assert_eq!(journal.len(), 1);
+            assert_eq!(journal[0].name, "charge");
+            assert_eq!(journal[0].value.as_deref(), Some(&b"v"[..]));
+        }
+        other => panic!("not resumed: {other:?}"),
+    }
+    // Only the fingerprint field: nothing to resume.
+    let journal = Value::Array(vec![
+        Value::BulkString(vec![0xff]),
+        Value::BulkString(vec![4; 16]),
+    ]);
+    assert_eq!(
+        parse_claim(&key, Value::Array(vec![Value::Int(1), journal])).unwrap(),
+        ClaimOutcome::Claimed { fence: 0 }
     );
 }
