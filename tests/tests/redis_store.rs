@@ -442,7 +442,8 @@ async fn garbage_records_are_corrupt() {
 /// journal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stepped_records_keep_their_journal_and_its_payload() {
-    use idem_runtime::{Fingerprint, RecordCounts};
+    use idem_runtime::Fingerprint;
+    use idem_runtime::inspect::RecordCounts;
     let url = harness::shared_url();
     let store = RedisStore::connect(url).unwrap();
     let idem = idem_on(store.clone(), "stepped");
