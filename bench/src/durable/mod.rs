@@ -34,6 +34,7 @@ mod durare;
 mod flow;
 mod idem;
 mod measure;
+mod trips;
 
 use std::sync::Arc;
 
@@ -66,11 +67,38 @@ struct Running {
     durable_rust: bool,
 }
 
+/// The round-trip counting child process (`idem-bench --durable-trips-child URL`).
+pub fn trips_child(args: Vec<String>) -> std::process::ExitCode {
+    let Some(url) = args.first() else {
+        eprintln!("durable trips child: no URL");
+        return std::process::ExitCode::FAILURE;
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("durable trips child: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(trips::child(url)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("durable trips child: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 pub(crate) async fn run(args: &Args, report: &mut Report) {
     let Some(url) = args.sql.iter().find(|u| u.starts_with("postgres")) else {
         report.note("durable: skipped, it needs a postgres:// --sql URL");
         return;
     };
+    eprintln!("  durable: counting round trips (a process of its own)");
+    trips::run(url, report).await;
     if cfg!(debug_assertions) {
         report.note("durable: a debug build; its figures say nothing about a release build");
     }
