@@ -5,20 +5,20 @@
 //! effect is one insert into the bench's own table (`idem_bench_durable_effects`) and its value a small
 //! receipt, the last of which the workflow returns. Written idiomatically in:
 //!
-//! - idem ([`idem`]): an `#[idempotent]` fn with three `step`s, on PostgreSQL; the same
+//! - idem (`idem.rs`): an `#[idempotent]` fn with three `step`s, on PostgreSQL; the same
 //!   with three `step_tx`s (each insert commits with its journal entry); the first again
 //!   on Redis (the peers have no Redis backend; the effects still go to PostgreSQL);
-//! - DBOS Transact for Rust ([`dbos`]): a workflow with three steps;
-//! - durare ([`durare`]): a workflow with three steps, and one with three transactional
+//! - DBOS Transact for Rust (`dbos.rs`): a workflow with three steps;
+//! - durare (`durare.rs`): a workflow with three steps, and one with three transactional
 //!   steps;
-//! - durable-rust ([`durable_rust`]): a workflow with three steps.
+//! - durable-rust (`durable_rust.rs`): a workflow with three steps.
 //!
 //! Each library runs on its documented defaults (pool sizes included); plain steps'
-//! inserts go through the bench's own pool ([`flow::Effects`]), the same for all, so no
+//! inserts go through the bench's own pool (`flow::Effects`), the same for all, so no
 //! library's pool limit applies to them.
 //!
 //! Measured at 1 and 50 concurrent workflows, each library taking turns in
-//! [`measure::ROUNDS`] slices: a new workflow (p50, p99, mean; per step = mean ÷ 3, start
+//! `measure::ROUNDS` slices: a new workflow (p50, p99, mean; per step = mean ÷ 3, start
 //! and completion included; workflows/s), the same call again for a finished workflow
 //! (replay), and the resume of a workflow killed right after step 2's checkpoint (each
 //! library's documented resume). One `ratio durable-vs-<peer>@<tasks> X` line per peer and
