@@ -255,7 +255,15 @@ pub(crate) async fn child(url: &str) -> Result<(), String> {
         let ids: Vec<u64> = (0..RUNS).map(|_| load::fresh_id()).collect();
         let (new, t_new) = counted_runs(&counts, &ids, case).await?;
         let (replay, t_replay) = counted_runs(&counts, &ids, case).await?;
-        let per = |s: Snapshot, t: f64| (s - idle.scale(t)).scale(1.0 / RUNS as f64);
+        // Background traffic is bursty: a subtraction a little past zero is zero.
+        let per = |s: Snapshot, t: f64| {
+            let d = (s - idle.scale(t)).scale(1.0 / RUNS as f64);
+            Snapshot {
+                trips: d.trips.max(0.0),
+                empty: d.empty.max(0.0),
+                commits: d.commits.max(0.0),
+            }
+        };
         let (new, replay) = (per(new, t_new), per(replay, t_replay));
         println!(
             "trips\t{}\t{:.1}\t{:.1}\t{:.1}\t{:.1}\t{:.1}",
