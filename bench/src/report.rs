@@ -396,3 +396,29 @@ pub(crate) fn fmt_bytes(b: f64) -> String {
         format!("{b:.0} B")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ratio_line_names_its_direction_and_cost_ratios_keep_their_old_line() {
+        let mut r = Report::default();
+        r.gain_ratio("durable-vs-dbos@1", 2.5, "peer / idem");
+        r.cost_ratio("steps-redis-step-vs-raw-write@50", 1.1, "idem / raw");
+        let out = r.render();
+        assert!(out.contains("\nratio durable-vs-dbos@1 2.50\n"), "{out}");
+        assert!(
+            out.contains("\ncost-ratio steps-redis-step-vs-raw-write@50 1.10\n"),
+            "{out}"
+        );
+        // The old spelling, once, until 0.2; a gain ratio has no second line.
+        assert_eq!(
+            out.matches("ratio steps-redis-step-vs-raw-write@50 1.10")
+                .count(),
+            2
+        );
+        assert_eq!(out.matches("durable-vs-dbos@1 2.50").count(), 1);
+        assert!(out.find("cost-ratio steps").unwrap() < out.rfind("\nratio steps").unwrap());
+    }
+}

@@ -354,3 +354,66 @@ pub(crate) async fn run(url: &str, report: &mut Report) {
         body,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server message: type byte, length (itself included), body.
+    fn msg(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn complete(tag: &str) -> Vec<u8> {
+        msg(b'C', format!("{tag}\0").as_bytes())
+    }
+
+    #[test]
+    fn counts_exchanges_empty_ones_and_commits_across_split_reads() {
+        let counts = Counts::default();
+        let mut p = Parser::default();
+        let mut wire = Vec::new();
+        // A ping: ReadyForQuery alone.
+        wire.extend(msg(b'Z', b"I"));
+        // An autocommit insert that wrote a row.
+        wire.extend(complete("INSERT 0 1"));
+        wire.extend(msg(b'Z', b"I"));
+        // An update that matched nothing: no commit that wrote.
+        wire.extend(complete("UPDATE 0"));
+        wire.extend(msg(b'Z', b"I"));
+        // A transaction: BEGIN, UPDATE 1, COMMIT: one commit, not two.
+        wire.extend(complete("BEGIN"));
+        wire.extend(msg(b'Z', b"T"));
+        wire.extend(complete("UPDATE 1"));
+        wire.extend(msg(b'Z', b"T"));
+        wire.extend(complete("COMMIT"));
+        wire.extend(msg(b'Z', b"I"));
+        // Fed in uneven pieces, as TCP delivers them.
+        for chunk in wire.chunks(3) {
+            p.feed(chunk, &counts);
+        }
+        let s = counts.snapshot();
+        assert_eq!(s.trips, 6.0);
+        assert_eq!(s.empty, 1.0);
+        assert_eq!(s.commits, 2.0);
+    }
+
+    #[test]
+    fn a_url_is_pointed_at_the_proxy_without_tls() {
+        assert_eq!(
+            upstream("postgres://postgres@127.0.0.1:5432/test").as_deref(),
+            Some("127.0.0.1:5432")
+        );
+        assert_eq!(
+            through("postgres://postgres@127.0.0.1:5432/test", "127.0.0.1:9").as_deref(),
+            Some("postgres://postgres@127.0.0.1:9/test?sslmode=disable")
+        );
+        assert_eq!(
+            through("postgres://db.local/test?application_name=x", "127.0.0.1:9").as_deref(),
+            Some("postgres://127.0.0.1:9/test?application_name=x&sslmode=disable")
+        );
+    }
+}
