@@ -10,7 +10,9 @@ use futures_util::future::LocalBoxFuture;
 
 use crate::args::Args;
 use crate::report::Report;
-use crate::{consumer, footprint, guarantees, http, peers, redis, scaling, sql, steps, work};
+use crate::{
+    consumer, durable, footprint, guarantees, http, peers, redis, scaling, sql, steps, work,
+};
 
 /// One case family.
 pub struct Family {
@@ -47,6 +49,11 @@ pub const FAMILIES: &[Family] = &[
         name: "steps",
         about: "a durable step against a raw write of the same store, same connections (memory, --redis, postgres --sql)",
         run: |a, r| Box::pin(steps::run(a, r)),
+    },
+    Family {
+        name: "durable",
+        about: "a 3-step workflow in idem (postgres, redis) beside DBOS, durare and durable-rust on the same postgres --sql",
+        run: |a, r| Box::pin(durable::run(a, r)),
     },
     Family {
         name: "consumer",

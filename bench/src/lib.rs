@@ -14,7 +14,8 @@
 //!    line's options), [`work`] (the shared workload and the machine header), [`report`]
 //!    (tables and `ratio` lines), [`chart`] (the SVG);
 //! 2. one module per case family: [`peers`] (`memory` and `peers`), [`redis`], [`sql`],
-//!    [`steps`] (a durable step against a raw write), [`consumer`], [`http`],
+//!    [`steps`] (a durable step against a raw write), [`durable`] (the 3-step workflow
+//!    against the Rust durable-workflow libraries), [`consumer`], [`http`],
 //!    [`guarantees`], [`scaling`], [`footprint`], [`replay`] (the `metrics` feature's cost,
 //!    run by `bench/metrics-cost.sh` rather than by the load program);
 //! 3. [`cases`]: every family wired in one place, and the full run. A new family is a
@@ -32,6 +33,7 @@ pub mod work;
 
 // One module per case family.
 pub mod consumer;
+pub mod durable;
 pub mod footprint;
 pub mod guarantees;
 pub mod http;

@@ -1,7 +1,13 @@
-//! The output: one table of every measured case, then one `ratio CASE VALUE` line per
-//! comparison (VALUE = idem's ops/s divided by the baseline's or peer's ops/s on the same
-//! workload, same run; the `steps-*` lines divide a durable step's cost by a raw write's
-//! instead, so lower is better there), then the guarantee, footprint and steps tables.
+//! The output: one table of every measured case, then one line per comparison, in one of
+//! two shapes whose name says the direction:
+//!
+//! - `ratio CASE VALUE`: higher is better for idem. VALUE is idem's ops/s over the
+//!   baseline's or peer's on the same workload, same run, or (`durable-vs-*`) the peer's
+//!   time per workflow over idem's;
+//! - `cost-ratio CASE VALUE`: lower is better. VALUE is idem's cost over the baseline's
+//!   (the `steps-*` lines: a durable step's cost over a raw write's).
+//!
+//! Then the guarantee, footprint, steps and durable tables.
 //!
 //! The tables are Markdown, so the output pastes into docs/performance.md as it is.
 
@@ -55,13 +61,32 @@ pub(crate) struct Row {
     pub(crate) summary: Summary,
 }
 
-/// A comparison: `ratio NAME VALUE`.
+/// A comparison: `ratio NAME VALUE` or `cost-ratio NAME VALUE`.
 #[derive(Debug, Clone)]
 pub(crate) struct Ratio {
     pub(crate) name: String,
     pub(crate) value: f64,
     /// What was divided by what, for the reader of the table.
     pub(crate) what: String,
+    pub(crate) better: Better,
+}
+
+/// Which way a ratio is good for idem, and so which word its line starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Better {
+    /// `ratio`: idem's throughput over the other's, or the other's cost over idem's.
+    Higher,
+    /// `cost-ratio`: idem's cost over the other's.
+    Lower,
+}
+
+impl Ratio {
+    fn prefix(&self) -> &'static str {
+        match self.better {
+            Better::Higher => "ratio",
+            Better::Lower => "cost-ratio",
+        }
+    }
 }
 
 /// One series of the throughput-vs-concurrency chart.
@@ -139,6 +164,7 @@ impl Report {
             name,
             value: idem.ops_per_sec / base.ops_per_sec,
             what: what.to_owned(),
+            better: Better::Higher,
         });
     }
 
@@ -174,17 +200,35 @@ impl Report {
                 per_round[0],
                 per_round[n - 1]
             ),
+            better: Better::Higher,
         });
     }
 
-    /// `ratio NAME VALUE` for a ratio of two costs (time per call or per step), where
-    /// lower is better, unlike [`Report::ratio`]'s ops/s. `what` says so, for the reader
-    /// of the ratio lines; the caller gives no ratio for a case that had errors.
+    /// `cost-ratio NAME VALUE` for a ratio of two costs (idem's time per call or per step
+    /// over the other's), where lower is better, unlike [`Report::ratio`]'s ops/s. The
+    /// caller gives no ratio for a case that had errors.
+    ///
+    /// Until release 0.2 the same value is also printed the old way, `ratio NAME VALUE`
+    /// (the `steps` family printed its cost ratios under `ratio` before the two words
+    /// were told apart), so scripts reading the old line keep working for one release.
     pub(crate) fn cost_ratio(&mut self, name: impl Into<String>, value: f64, what: &str) {
         self.ratios.push(Ratio {
             name: name.into(),
             value,
             what: what.to_owned(),
+            better: Better::Lower,
+        });
+    }
+
+    /// `ratio NAME VALUE` for a value the caller computed, where higher is better for idem
+    /// (a peer's time per call over idem's). The caller gives no ratio for a case that
+    /// had errors.
+    pub(crate) fn gain_ratio(&mut self, name: impl Into<String>, value: f64, what: &str) {
+        self.ratios.push(Ratio {
+            name: name.into(),
+            value,
+            what: what.to_owned(),
+            better: Better::Higher,
         });
     }
 
@@ -240,6 +284,11 @@ impl Report {
         ));
         out.push('\n');
         for r in &self.ratios {
+            let _ = writeln!(out, "{} {} {:.2}", r.prefix(), r.name, r.value);
+        }
+        // The old spelling of the cost ratios, kept for one release (until 0.2): see
+        // [`Report::cost_ratio`].
+        for r in self.ratios.iter().filter(|r| r.better == Better::Lower) {
             let _ = writeln!(out, "ratio {} {:.2}", r.name, r.value);
         }
         for (title, body) in &self.sections {
@@ -254,7 +303,14 @@ impl Report {
         if !self.ratios.is_empty() {
             out.push_str("\n## What each ratio divides\n\n");
             for r in &self.ratios {
-                let _ = writeln!(out, "- `{}`: {}", r.name, r.what);
+                let _ = writeln!(out, "- `{} {}`: {}", r.prefix(), r.name, r.what);
+            }
+            if self.ratios.iter().any(|r| r.better == Better::Lower) {
+                out.push_str(
+                    "\n`ratio` lines: higher is better for idem; `cost-ratio` lines: lower is \
+                     better. Each `cost-ratio` is also printed as `ratio NAME VALUE`, its \
+                     spelling before the two were told apart, until release 0.2.\n",
+                );
             }
         }
         out
@@ -338,5 +394,31 @@ pub(crate) fn fmt_bytes(b: f64) -> String {
         format!("{:.1} KiB", b / 1024.0)
     } else {
         format!("{b:.0} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ratio_line_names_its_direction_and_cost_ratios_keep_their_old_line() {
+        let mut r = Report::default();
+        r.gain_ratio("durable-vs-dbos@1", 2.5, "peer / idem");
+        r.cost_ratio("steps-redis-step-vs-raw-write@50", 1.1, "idem / raw");
+        let out = r.render();
+        assert!(out.contains("\nratio durable-vs-dbos@1 2.50\n"), "{out}");
+        assert!(
+            out.contains("\ncost-ratio steps-redis-step-vs-raw-write@50 1.10\n"),
+            "{out}"
+        );
+        // The old spelling, once, until 0.2; a gain ratio has no second line.
+        assert_eq!(
+            out.matches("ratio steps-redis-step-vs-raw-write@50 1.10")
+                .count(),
+            2
+        );
+        assert_eq!(out.matches("durable-vs-dbos@1 2.50").count(), 1);
+        assert!(out.find("cost-ratio steps").unwrap() < out.rfind("\nratio steps").unwrap());
     }
 }

@@ -29,7 +29,8 @@
 //!
 //! A step's cost is (mean call with 3 steps − mean call with an empty body) / 3, a raw
 //! write's is (mean call with 3 raw writes − the same empty call) / 3, and the ratio
-//! divides the first by the second (a cost ratio: lower is better). At 50 tasks a mean
+//! divides the first by the second (a `cost-ratio` line: lower is better; until 0.2 also
+//! printed as the old `ratio` line, see `Report::cost_ratio`). At 50 tasks a mean
 //! latency is the tasks over the throughput, so the ratio is also that of the capacity
 //! each uses. The four cases take turns in short slices, as the Redis and SQL families'
 //! do, so a change of the shared machine's load lands on all of them alike; the table
