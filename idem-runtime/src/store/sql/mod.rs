@@ -36,11 +36,15 @@
 //! - Columns: `id` (digest), `namespace`, `scope` (the function), `kind` (0 dedup, 1 lock,
 //!   2 token), `state` (0 free, 1 issued, 2 in progress, 3 completed), `owner`, `fence`,
 //!   `fingerprint`, `value` (the stored result envelope), `expires_us`, `lease_us`,
-//!   `token_expires_us` (µs since the epoch). The rendered key is never stored.
+//!   `token_expires_us` (µs since the epoch), and for durable steps `steps_expires_us`,
+//!   `steps_fp`, `steps_n`, `steps_base` (the journal's rows are in `idem_steps`, one per
+//!   step; `steps` is version 3's, no longer used). The rendered key is never stored.
 //! - What is in flight, per function:
 //!   `SELECT namespace, scope, state, COUNT(*) FROM idem_records GROUP BY 1, 2, 3`.
 //! - Forgetting one function's records (so they run again):
 //!   `DELETE FROM idem_records WHERE namespace = 'shop' AND scope = 'shop::charge'`.
+//!   Their step journals' rows in `idem_steps` are then never read again, and the purge
+//!   deletes them an hour later.
 //! - Connections: [`SqlStore::connect`] makes a pool of 16 (SQLite: 8) and bounds every
 //!   call by [`DEFAULT_TIMEOUT`] ([`SqlStore::with_timeout`]).
 

@@ -211,7 +211,8 @@ pub(in super::super) async fn issue(
     Ok(r.rows_affected() == 1)
 }
 
-/// Deletes expired rows whose journal is dead too, with their journal's entries.
+/// Deletes expired rows whose journal is dead too, with their journal's entries, and
+/// entries left without a record.
 const PURGE: &str = concat!(
     "WITH t AS (SELECT ",
     now!(),
@@ -225,7 +226,17 @@ gone AS (
       AND (steps_expires_us IS NULL OR steps_expires_us <= (SELECT now FROM t))
     RETURNING id
 ),
-steps AS (DELETE FROM idem_steps s USING gone WHERE s.id = gone.id)
+steps AS (DELETE FROM idem_steps s USING gone WHERE s.id = gone.id),
+-- Entries whose record row was deleted by hand (an operator's `DELETE`), once an hour
+-- old: a row inserted anew since starts its counter at the clock, above them.
+orphans AS (
+    DELETE FROM idem_steps WHERE (id, name_id) IN (
+        SELECT s.id, s.name_id FROM idem_steps s, t
+        WHERE s.seq < t.now - 3600000000
+          AND NOT EXISTS (SELECT 1 FROM idem_records r WHERE r.id = s.id)
+        LIMIT $1
+    )
+)
 SELECT COUNT(*)::int8 FROM gone"
 );
 
