@@ -84,10 +84,15 @@ async fn claim(store: &SqlStore, key: &Key, fingerprint: u64) -> (Owner, ClaimOu
 
 /// How many entry rows the key has in `idem_steps`, live or dead.
 async fn step_rows(store: &SqlStore, key: &Key) -> i64 {
+    rows(store, "idem_steps", key).await
+}
+
+/// How many rows of `table` are the key's.
+async fn rows(store: &SqlStore, table: &str, key: &Key) -> i64 {
     let hex = key.digest_hex();
     let sql = match store.backend_name() {
-        "postgres" => format!("SELECT COUNT(*)::int8 FROM idem_steps WHERE id = '\\x{hex}'::bytea"),
-        _ => format!("SELECT COUNT(*) FROM idem_steps WHERE id = X'{hex}'"),
+        "postgres" => format!("SELECT COUNT(*)::int8 FROM {table} WHERE id = '\\x{hex}'::bytea"),
+        _ => format!("SELECT COUNT(*) FROM {table} WHERE id = X'{hex}'"),
     };
     let sql = AssertSqlSafe(sql);
     if let Some(p) = store.pg_pool() {
@@ -396,5 +401,72 @@ async fn a_step_past_max_allowed_packet_is_an_error_and_keeps_the_journal() {
             assert_eq!(journal.read_journal(&key).await.unwrap().len(), earlier + 1);
             assert!(store.release(&key, owner).await.unwrap());
         }
+    }
+}
+
+/// A record whose lease and journal both ran out is purged with its journal's rows
+/// (PostgreSQL and SQLite at once; MySQL leaves them an hour), and a claim of the same
+/// key afterwards starts afresh: no entry of the purged record comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_record_takes_its_journal_along() {
+    for (label, store) in stores().await {
+        let journal = store.journal().unwrap();
+        let key = new_key();
+        let old = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(200));
+        assert!(matches!(
+            store.claim(&key, &old).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        for i in 0..3 {
+            let v = Some(value(i, 100));
+            assert!(
+                journal
+                    .write_step(&key, old.owner, &format!("s{i}"), v, ms(200))
+                    .await
+                    .unwrap()
+            );
+        }
+        assert_eq!(step_rows(&store, &key).await, 3, "{label}");
+        tokio::time::sleep(ms(500)).await;
+        assert!(
+            journal.read_journal(&key).await.unwrap().is_empty(),
+            "{label}: expired"
+        );
+        // Purge until this record's row is gone (other tests' rows may come first).
+        for _ in 0..100 {
+            store.purge_expired(1000).await.unwrap();
+            if rows(&store, "idem_records", &key).await == 0 {
+                break;
+            }
+        }
+        assert_eq!(
+            rows(&store, "idem_records", &key).await,
+            0,
+            "{label}: not purged"
+        );
+        if store.backend_name() != "mysql" {
+            assert_eq!(
+                step_rows(&store, &key).await,
+                0,
+                "{label}: rows left behind"
+            );
+        }
+        let (owner, got) = claim(&store, &key, 5).await;
+        assert!(
+            matches!(got, ClaimOutcome::Claimed { .. }),
+            "{label}: a claim after the purge resumed: {got:?}"
+        );
+        // Its first step starts a journal of one entry, whatever rows the purged record
+        // left (MySQL keeps them an hour).
+        assert!(
+            journal
+                .write_step(&key, owner, "s1", None, TTL)
+                .await
+                .unwrap()
+        );
+        let read = journal.read_journal(&key).await.unwrap();
+        assert_eq!(read.len(), 1, "{label}: {read:?}");
+        assert!(read[0].value.is_none(), "{label}: an old entry came back");
+        assert!(store.release(&key, owner).await.unwrap());
     }
 }

@@ -75,10 +75,13 @@ pub(super) fn migrator() -> Migrator {
 
 pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
     // SQLite has no advisory lock: two processes opening a new file together may both
-    // try to apply version 1. The DDL is `IF NOT EXISTS` and the loser's bookkeeping
-    // insert fails on the version's primary key; the next attempt sees it applied.
+    // try to apply a version. The loser's DDL or bookkeeping insert fails (a column
+    // already added, the version's primary key), and the next attempt sees it applied.
+    // Each attempt gets at least one version further, so one per version suffices;
+    // two more leave room for a slow start.
+    let versions = migrator().iter().count();
     let mut last = None;
-    for _ in 0..3 {
+    for _ in 0..versions + 2 {
         match migrator().run(pool).await {
             Ok(()) => return Ok(()),
             Err(e) => last = Some(e),
