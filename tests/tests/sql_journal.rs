@@ -470,3 +470,86 @@ async fn a_purged_record_takes_its_journal_along() {
         assert!(store.release(&key, owner).await.unwrap());
     }
 }
+
+/// A journal written by version 3 (all entries in one value of the record's row) is
+/// carried over by migration 4: the record resumes with its entries, and a later step
+/// of the same name replaces its entry.
+#[tokio::test]
+async fn a_version_3_journal_is_carried_over() {
+    use idem_runtime::store::sql::sqlx::migrate::{Migration, MigrationType, Migrator};
+    use idem_runtime::store::sql::sqlx::{Connection, SqlSafeStr, SqliteConnection};
+    let path = std::env::temp_dir().join(format!("idem-journal-v3-{}.db", support::suffix()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let sql = [
+        include_str!("../../idem-runtime/src/store/sql/sqlite_v1.sql"),
+        include_str!("../../idem-runtime/src/store/sql/sqlite_v2.sql"),
+        include_str!("../../idem-runtime/src/store/sql/sqlite_v3.sql"),
+    ];
+    let names = ["idem records", "idem toolbox records", "idem step journals"];
+    let mut v3 = Migrator::with_migrations(
+        (0..3)
+            .map(|i| {
+                let sql = sql[i].into_sql_str();
+                Migration::new(
+                    i as i64 + 1,
+                    names[i].into(),
+                    MigrationType::Simple,
+                    sql,
+                    false,
+                )
+            })
+            .collect(),
+    );
+    v3.dangerous_set_table_name("_idem_migrations");
+    let mut conn = SqliteConnection::connect(&url).await.unwrap();
+    v3.run_direct(None, &mut conn, false).await.unwrap();
+
+    let key = new_key();
+    let stamped = |at: u64, name: &str, v: &[u8]| {
+        let mut e = format!("{at:016}d").into_bytes();
+        e.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        e.extend_from_slice(name.as_bytes());
+        e.extend_from_slice(&(v.len() as u32).to_be_bytes());
+        e.extend_from_slice(v);
+        e
+    };
+    let mut blob = stamped(1_000_000, "charge", b"ch_1");
+    blob.extend(stamped(2_000_000, "mail", b"m_1"));
+    // A released record (free, expired) whose journal lives for ten more minutes.
+    sqlx::query(
+        "INSERT INTO idem_records (id, namespace, scope, kind, state, fence, expires_us, steps,
+             steps_expires_us)
+         VALUES (?1, 'sql-journal', 't', 0, 0, 0, 0, ?2,
+             CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + 600000000)",
+    )
+    .bind(&key.digest()[..])
+    .bind(&blob)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let store = SqlStore::connect(&url)
+        .await
+        .expect("migrates to version 4");
+    let (owner, got) = claim(&store, &key, 1).await;
+    let ClaimOutcome::Resumed { journal } = got else {
+        panic!("the carried-over journal was not resumed: {got:?}");
+    };
+    let by_name =
+        |j: &Journal, n: &str| j.iter().find(|e| e.name == n).and_then(|e| e.value.clone());
+    assert_eq!(journal.len(), 2);
+    assert_eq!(by_name(&journal, "charge").as_deref(), Some(&b"ch_1"[..]));
+    assert_eq!(by_name(&journal, "mail").as_deref(), Some(&b"m_1"[..]));
+    let steps = store.journal().unwrap();
+    let v = Some(Bytes::from_static(b"m_2"));
+    assert!(steps.write_step(&key, owner, "mail", v, TTL).await.unwrap());
+    let read = steps.read_journal(&key).await.unwrap();
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert_eq!(by_name(&read, "mail").as_deref(), Some(&b"m_2"[..]));
+    assert_eq!(by_name(&read, "charge").as_deref(), Some(&b"ch_1"[..]));
+    store.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
