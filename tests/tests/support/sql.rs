@@ -221,10 +221,10 @@ macro_rules! sql_store_tests {
             let idem2 = idem_for(&stores[3], idem.namespace());
             let v: u64 = idem2.dedup(&DEDUP, "k", async { Ok::<_, Error>(4) }).await.unwrap();
             assert_eq!(v, 3, "replayed from the same table");
-            // Migrations 1 (records), 2 (toolbox values and states) and 3 (step
-            // journals), each applied once.
+            // Migrations 1 (records), 2 (toolbox values and states), 3 (step
+            // journals) and 4 (one row per step), each applied once.
             let applied = count(&stores[1], "SELECT COUNT(*) FROM _idem_migrations".into()).await;
-            assert_eq!(applied, 3);
+            assert_eq!(applied, 4);
             for s in &stores {
                 s.close().await;
             }

@@ -2,7 +2,8 @@
 //!
 //! One table, `idem_records`, created by a versioned migration (tracked in its own
 //! `_idem_migrations` table, so it never mixes with the application's own sqlx
-//! migrations). One row per key, addressed by the key's 128-bit digest. Every [`Store`](crate::Store)
+//! migrations), and beside it `idem_steps` for durable steps (the `journal` module).
+//! One row per key, addressed by the key's 128-bit digest. Every [`Store`](crate::Store)
 //! method is one conditional statement on the primary key, and every expiry is decided
 //! by the database's clock:
 //!
@@ -35,11 +36,15 @@
 //! - Columns: `id` (digest), `namespace`, `scope` (the function), `kind` (0 dedup, 1 lock,
 //!   2 token), `state` (0 free, 1 issued, 2 in progress, 3 completed), `owner`, `fence`,
 //!   `fingerprint`, `value` (the stored result envelope), `expires_us`, `lease_us`,
-//!   `token_expires_us` (µs since the epoch). The rendered key is never stored.
+//!   `token_expires_us` (µs since the epoch), and for durable steps `steps_expires_us`,
+//!   `steps_fp`, `steps_n`, `steps_base` (the journal's rows are in `idem_steps`, one per
+//!   step; `steps` is version 3's, no longer used). The rendered key is never stored.
 //! - What is in flight, per function:
 //!   `SELECT namespace, scope, state, COUNT(*) FROM idem_records GROUP BY 1, 2, 3`.
 //! - Forgetting one function's records (so they run again):
 //!   `DELETE FROM idem_records WHERE namespace = 'shop' AND scope = 'shop::charge'`.
+//!   Their step journals' rows in `idem_steps` are then never read again, and the purge
+//!   deletes them an hour later.
 //! - Connections: [`SqlStore::connect`] makes a pool of 16 (SQLite: 8) and bounds every
 //!   call by [`DEFAULT_TIMEOUT`] ([`SqlStore::with_timeout`]).
 
@@ -72,12 +77,10 @@ mod toolbox;
 mod unreachable;
 
 // The record's vocabulary, for the backends (`super::…`).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "mysql")]
 use self::record::IN_PROGRESS;
 #[cfg(feature = "postgres")]
 use self::record::is_lock_wait;
-#[cfg(feature = "sqlite")]
-use self::record::{FREE, ISSUED};
 use self::record::{
     KIND_TOKEN, LOCK_RETENTION, Snapshot, corrupt, kind_code, owner_bytes, sql_err, us,
 };
@@ -147,6 +150,8 @@ pub struct SqlStore {
     probes: Arc<unreachable::ProbeGate>,
     /// Bloom bitmaps, which have no SQL form here (see the `toolbox` module).
     blooms: Arc<Blooms>,
+    /// Keys whose journal rows a completion should delete (see the `journal` module).
+    journaled: Arc<journal::Journaled>,
     /// Calls waiting to be sent together (PostgreSQL; see the `batch` module).
     #[cfg(feature = "postgres")]
     batches: Arc<postgres::PgBatches>,
@@ -282,9 +287,11 @@ impl SqlStore {
     pub async fn from_mysql_pool(pool: sqlx::MySqlPool) -> Result<SqlStore, Error> {
         mysql::migrate(&pool).await?;
         let returning = mysql::supports_returning(&pool).await?;
+        let max_packet = mysql::max_packet(&pool).await?;
         Ok(SqlStore::new(Arc::new(mysql::MySqlDialect {
             pool,
             returning,
+            max_packet,
         })))
     }
 
@@ -313,6 +320,7 @@ impl SqlStore {
             watchers: Arc::default(),
             probes: Arc::default(),
             blooms: Arc::default(),
+            journaled: Arc::default(),
             #[cfg(feature = "postgres")]
             batches: Arc::default(),
         }
@@ -353,17 +361,10 @@ impl SqlStore {
     /// exercise that path on the server at hand (through
     /// `__private::without_returning`).
     pub(crate) fn without_returning(self) -> Self {
-        // By value rather than `mut self`: without the `mysql` feature there is nothing
-        // to change, and an unused `mut` would warn.
-        #[cfg(feature = "mysql")]
-        if let Some(pool) = self.mysql_pool().cloned() {
-            let dialect = Arc::new(mysql::MySqlDialect {
-                pool,
-                returning: false,
-            });
-            return SqlStore { dialect, ..self };
+        match self.dialect.without_returning() {
+            Some(dialect) => SqlStore { dialect, ..self },
+            None => self,
         }
-        self
     }
 
     /// The PostgreSQL pool, if this store runs on PostgreSQL.

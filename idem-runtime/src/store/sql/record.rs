@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::store::{ClaimKind, ClaimOutcome, Owner};
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Fingerprint, Key};
 
 /// Record states, as stored in the `state` column.
@@ -72,8 +72,20 @@ pub(super) struct Snapshot {
     pub(super) remaining_us: i64,
     /// `lease_us - now` for an in-progress record.
     pub(super) lease_left_us: Option<i64>,
-    /// The row's live step journal (`steps`), read with the claim that took it.
-    pub(super) steps: Option<Vec<u8>>,
+    /// The row has a live step journal (`steps_expires_us` ahead).
+    pub(super) journal_live: bool,
+    /// The payload a live journal was written for (`steps_fp`).
+    pub(super) journal_fp: Option<Vec<u8>>,
+    /// A claimed row's live journal, read after the claim when `journal_live` (see the
+    /// `journal` module).
+    pub(super) journal: Option<Vec<super::journal::StepRow>>,
+}
+
+impl Snapshot {
+    /// Whether the claim took a row whose live journal it must read to resume.
+    pub(super) fn resumes(&self, kind: ClaimKind) -> bool {
+        self.claimed && self.journal_live && kind != ClaimKind::Lock
+    }
 }
 
 /// Turns what a claim statement saw into an outcome. `None` means the row looked takeable
@@ -82,10 +94,11 @@ pub(super) struct Snapshot {
 /// and [`MemoryStore`](crate::MemoryStore)'s rules.
 pub(super) fn decide(
     key: &Key,
-    kind: ClaimKind,
+    req: &ClaimRequest,
     snap: Option<Snapshot>,
 ) -> Result<Option<ClaimOutcome>, Error> {
-    let Some(s) = snap else {
+    let kind = req.kind;
+    let Some(mut s) = snap else {
         return Ok(match kind {
             ClaimKind::Token => Some(ClaimOutcome::Missing),
             _ => None,
@@ -98,7 +111,8 @@ pub(super) fn decide(
             }
             // A dedup or token claim that took a record with a live journal resumes it.
             _ => {
-                let journal = super::journal::parse(key, s.steps.as_deref())?;
+                let rows = s.journal.as_deref().unwrap_or_default();
+                let journal = super::journal::parse_rows(key, rows)?;
                 if !journal.is_empty() {
                     return Ok(Some(ClaimOutcome::Resumed { journal }));
                 }
@@ -110,13 +124,29 @@ pub(super) fn decide(
     if !(FREE..=COMPLETED).contains(&s.state) {
         return Err(corrupt(key, &format!("unknown state {}", s.state)));
     }
-    let fingerprint = match s.fingerprint {
+    let fingerprint = match s.fingerprint.take() {
         None => None,
         Some(b) => Some(Fingerprint(
             b.try_into()
                 .map_err(|_| corrupt(key, "fingerprint is not 16 bytes"))?,
         )),
     };
+    // A record the claim could take, whose live journal another payload wrote: the
+    // statement refused it (see `ClaimOutcome::OtherPayload`).
+    if kind != ClaimKind::Lock
+        && takeable(kind, &s)
+        && let (Some(ours), Some(theirs)) = (&req.fingerprint, &s.journal_fp)
+        && ours.0[..] != theirs[..]
+    {
+        let theirs = Fingerprint(
+            theirs[..]
+                .try_into()
+                .map_err(|_| corrupt(key, "journal fingerprint is not 16 bytes"))?,
+        );
+        return Ok(Some(ClaimOutcome::OtherPayload {
+            fingerprint: theirs,
+        }));
+    }
     if s.remaining_us <= 0 || s.state == FREE {
         return Ok(match kind {
             ClaimKind::Token => Some(ClaimOutcome::Missing),
@@ -153,6 +183,19 @@ pub(super) fn decide(
             }),
         },
     })
+}
+
+/// Whether a row, as a claim statement saw it, may be taken by a claim of `kind` (the
+/// statements' `WHERE`, but for the journal's payload).
+pub(super) fn takeable(kind: ClaimKind, s: &Snapshot) -> bool {
+    let live = s.remaining_us > 0;
+    match kind {
+        ClaimKind::Token => {
+            live && (s.state == ISSUED
+                || (s.state == IN_PROGRESS && s.lease_left_us.is_some_and(|l| l <= 0)))
+        }
+        _ => s.state == FREE || !live,
+    }
 }
 
 pub(super) fn corrupt(key: &Key, reason: &str) -> Error {

@@ -43,7 +43,7 @@ impl SqlStore {
 
     async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let snap = match self.dialect.claim(self, key, req).await {
+            let mut snap = match self.dialect.claim(self, key, req).await {
                 // A transactional-mode twin holds the key uncommitted: busy, not broken.
                 Err(e) if is_lock_wait(&e) => {
                     return Ok(ClaimOutcome::Busy {
@@ -53,7 +53,13 @@ impl SqlStore {
                 }
                 other => other?,
             };
-            if let Some(outcome) = decide(key, req.kind, snap)? {
+            if let Some(s) = &mut snap
+                && s.resumes(req.kind)
+            {
+                s.journal = Some(self.dialect.read_journal(key).await?);
+                self.journaled.note(key);
+            }
+            if let Some(outcome) = decide(key, req, snap)? {
                 return Ok(outcome);
             }
         }
@@ -92,6 +98,16 @@ impl Watchers {
     }
 }
 
+impl SqlStore {
+    /// Deletes the rows of a journal the completion dropped (MySQL, SQLite; see the
+    /// `journal` module). A failure leaves them to the purge: they are dead already.
+    async fn drop_dead_steps(&self, key: &Key) {
+        if let Err(e) = self.bounded(self.dialect.drop_dead_steps(key)).await {
+            tracing::debug!(error = %e, key = %key, "deleting a dropped step journal failed");
+        }
+    }
+}
+
 impl Store for SqlStore {
     fn claim<'a>(
         &'a self,
@@ -114,6 +130,9 @@ impl Store for SqlStore {
                 .await?;
             if done {
                 self.watchers.wake(key);
+                if self.journaled.take(key) {
+                    self.drop_dead_steps(key).await;
+                }
             }
             Ok(done)
         })
@@ -200,7 +219,7 @@ impl Store for SqlStore {
         Some(self)
     }
 
-    /// Kept in the record's row: see the `journal` module.
+    /// One row per step beside the record's row: see the `journal` module.
     fn journal(&self) -> Option<&dyn crate::store::JournalStore> {
         Some(self)
     }
@@ -227,7 +246,14 @@ impl TransactionalStore for SqlStore {
         Box::pin(async move {
             let snap = self.dialect.claim_in(conn, key, req).await;
             match snap {
-                Ok(snap) => Ok(decide(key, req.kind, snap)?.unwrap_or(BUSY_NOW)),
+                Ok(mut snap) => {
+                    if let Some(s) = &mut snap
+                        && s.resumes(req.kind)
+                    {
+                        s.journal = Some(self.dialect.read_journal_in(conn, key).await?);
+                    }
+                    Ok(decide(key, req, snap)?.unwrap_or(BUSY_NOW))
+                }
                 Err(e) if is_lock_wait(&e) => Ok(BUSY_NOW),
                 Err(e) => Err(e),
             }
@@ -284,9 +310,17 @@ impl TransactionalStore for SqlStore {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let entry = super::journal::entry(key, name, Some(value))?;
-            self.dialect
-                .write_step_in(conn, key, owner, &entry, ttl)
-                .await
+            let step = super::journal::Step {
+                name,
+                name_id: super::journal::name_id(name),
+                entry: &entry,
+                ttl,
+            };
+            let written = self.dialect.write_step_in(conn, key, owner, &step).await?;
+            if written {
+                self.journaled.note(key);
+            }
+            Ok(written)
         })
     }
 }

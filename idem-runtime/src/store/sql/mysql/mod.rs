@@ -9,6 +9,11 @@
 //! MariaDB (10.5+) returns the resulting row with `RETURNING`, so a claim, a takeover and
 //! a replay are each one round trip. MySQL has no `RETURNING`: a second statement reads
 //! the row (claimed iff it now names the caller as owner).
+//!
+//! A dedup or token claim never takes a record whose live step journal was written for
+//! another payload: the first assignment's condition (or the token claim's `WHERE`)
+//! refuses it, and the answer carries the journal's fingerprint. Step journals are in
+//! `journal`.
 
 use std::time::Duration;
 
@@ -33,8 +38,14 @@ macro_rules! now {
     };
 }
 
-// After `now!`, which its statements use.
+// After `now!`, which their statements use.
+mod journal;
+mod operators;
 mod toolbox;
+
+pub(super) use self::journal::max_packet;
+use self::journal::{drop_dead_steps, read_steps};
+use self::operators::{count, forget, inspect};
 
 pub(super) fn migrator() -> Migrator {
     let mut m = Migrator::with_migrations(vec![
@@ -57,6 +68,13 @@ pub(super) fn migrator() -> Migrator {
             "idem step journals".into(),
             MigrationType::Simple,
             include_str!("../mysql_v3.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            4,
+            "idem step journals, one row per step".into(),
+            MigrationType::Simple,
+            include_str!("../mysql_v4.sql").into_sql_str(),
             false,
         ),
     ]);
@@ -120,21 +138,41 @@ macro_rules! took {
     };
 }
 
+/// A record's live step journal was written for another payload than the claim's
+/// (`$fp`): the claim must not take it (see `ClaimOutcome::OtherPayload`).
+macro_rules! other_payload {
+    ($now:expr, $fp:literal) => {
+        concat!(
+            "COALESCE(steps_expires_us > ",
+            $now,
+            " AND steps_fp <> ",
+            $fp,
+            ", FALSE)"
+        )
+    };
+}
+
 macro_rules! claim_sql {
     ($($tail:tt)*) => {
         concat!(
             "INSERT INTO idem_records
     (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
-     expires_us, lease_us, token_expires_us)
+     expires_us, lease_us, token_expires_us, steps_n, steps_base)
 VALUES (?, ?, ?, ?, 2, ?, ",
             now!(),
             ", ?, NULL, ",
             now!(),
             " + ?, ",
             now!(),
-            " + ?, NULL)
+            " + ?, NULL, ",
+            now!(),
+            ", ",
+            now!(),
+            ")
 ON DUPLICATE KEY UPDATE
-    owner = IF(state = 0 OR expires_us <= VALUES(fence), VALUES(owner), owner),
+    owner = IF((state = 0 OR expires_us <= VALUES(fence)) AND NOT ",
+            other_payload!("VALUES(fence)", "VALUES(fingerprint)"),
+            ", VALUES(owner), owner),
     ",
             took!("namespace", "VALUES(namespace)"),
             ", ",
@@ -160,41 +198,34 @@ ON DUPLICATE KEY UPDATE
     };
 }
 
-const CLAIM_RETURNING: &str = claim_sql!(concat!(
-    "\nRETURNING owner, state, fence, fingerprint, value, expires_us - ",
-    now!(),
-    " AS remaining_us, lease_us - ",
-    now!(),
-    " AS lease_left_us, IF(steps_expires_us > ",
-    now!(),
-    ", steps, NULL) AS steps"
-));
+/// What a claim answers (`RETURNING` on MariaDB, else a second statement).
+macro_rules! answer {
+    () => {
+        concat!(
+            "owner, state, fence, fingerprint, value, expires_us - ",
+            now!(),
+            " AS remaining_us, lease_us - ",
+            now!(),
+            " AS lease_left_us, COALESCE(steps_expires_us > ",
+            now!(),
+            ", FALSE) AS journal_live, IF(steps_expires_us > ",
+            now!(),
+            ", steps_fp, NULL) AS journal_fp"
+        )
+    };
+}
+
+const CLAIM_RETURNING: &str = claim_sql!(concat!("\nRETURNING ", answer!()));
 const CLAIM_PLAIN: &str = claim_sql!("");
 /// MariaDB, on its own (autocommit): a key held by an uncommitted transactional-mode
 /// claim blocks the insert on the unique key; give up after 1 s (error 1205, answered as
 /// `Busy`) so the caller waits by its own rules instead of inside the server.
 const CLAIM_RETURNING_BOUNDED: &str = concat!(
     "SET STATEMENT innodb_lock_wait_timeout = 1 FOR ",
-    claim_sql!(concat!(
-        "\nRETURNING owner, state, fence, fingerprint, value, expires_us - ",
-        now!(),
-        " AS remaining_us, lease_us - ",
-        now!(),
-        " AS lease_left_us, IF(steps_expires_us > ",
-        now!(),
-        ", steps, NULL) AS steps"
-    ))
+    claim_sql!(concat!("\nRETURNING ", answer!()))
 );
 
-const SELECT: &str = concat!(
-    "SELECT owner, state, fence, fingerprint, value, expires_us - ",
-    now!(),
-    " AS remaining_us, lease_us - ",
-    now!(),
-    " AS lease_left_us, IF(steps_expires_us > ",
-    now!(),
-    ", steps, NULL) AS steps FROM idem_records WHERE id = ?"
-);
+const SELECT: &str = concat!("SELECT ", answer!(), " FROM idem_records WHERE id = ?");
 
 const CLAIM_TOKEN: &str = concat!(
     "UPDATE idem_records SET
@@ -209,7 +240,8 @@ WHERE id = ? AND expires_us > ",
     now!(),
     " AND (state = 1 OR (state = 2 AND lease_us <= ",
     now!(),
-    "))"
+    ")) AND NOT ",
+    other_payload!(now!(), "?")
 );
 
 fn snapshot(key: &Key, row: &MySqlRow, owner: &[u8; 16]) -> Result<Snapshot, Error> {
@@ -229,7 +261,9 @@ fn snapshot(key: &Key, row: &MySqlRow, owner: &[u8; 16]) -> Result<Snapshot, Err
             value: row.try_get("value")?,
             remaining_us: row.try_get("remaining_us")?,
             lease_left_us,
-            steps: row.try_get("steps")?,
+            journal_live: row.try_get::<i64, _>("journal_live")? != 0,
+            journal_fp: row.try_get("journal_fp")?,
+            journal: None,
         })
     };
     get().map_err(|e| sql_err(Some(key), e))
@@ -265,6 +299,7 @@ pub(super) async fn claim(
             .bind(fp)
             .bind(lease)
             .bind(&key.digest()[..])
+            .bind(fp)
             .execute(&mut *conn)
             .await
             .map_err(|e| sql_err(Some(key), e))?;
@@ -300,8 +335,8 @@ pub(super) async fn claim(
 }
 
 const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, steps = NULL, \
-     steps_expires_us = NULL, expires_us = ",
+    "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, \
+     steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL, expires_us = ",
     now!(),
     " + ? WHERE id = ? AND state = 2 AND owner = ? AND lease_us > ",
     now!()
@@ -318,7 +353,7 @@ pub(super) async fn complete(
 }
 
 /// Runs `sql`, a statement that changes `key`'s row only if `owner` holds it with a live
-/// lease ([`COMPLETE`], `WRITE_STEP`), with `bytes` and `ttl`; `true` if it did.
+/// lease ([`COMPLETE`]), with `bytes` and `ttl`; `true` if it did.
 async fn owner_checked(
     sql: &'static str,
     conn: &mut MySqlConnection,
@@ -336,7 +371,7 @@ async fn owner_checked(
         .bind(&owner_bytes(owner)[..])
         .execute(&mut *conn)
         .await
-        .map_err(|e| sql_err(Some(key), e))?;
+        .map_err(|e| journal::packet_err(key, e))?;
     Ok(r.rows_affected() == 1)
 }
 
@@ -399,12 +434,16 @@ macro_rules! issue_sql {
         concat!(
             "INSERT INTO idem_records
     (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
-     expires_us, lease_us, token_expires_us)
+     expires_us, lease_us, token_expires_us, steps_n, steps_base)
 VALUES (?, ?, ?, ?, 1, ?, 0, NULL, NULL, ",
             now!(),
             " + ?, NULL, ",
             now!(),
-            " + ?)
+            " + ?, ",
+            now!(),
+            ", ",
+            now!(),
+            ")
 ON DUPLICATE KEY UPDATE
     owner = IF(state = 0 OR expires_us <= ",
             now!(),
@@ -489,125 +528,15 @@ const PURGE: &str = concat!(
     ") ORDER BY expires_us LIMIT ?"
 );
 
+/// Deletes up to `batch` expired records, then up to `batch` dead journal entries.
 pub(super) async fn purge(pool: &MySqlPool, batch: i64) -> Result<u64, Error> {
     let r = sqlx::query(PURGE)
         .bind(batch)
         .execute(pool)
         .await
         .map_err(Error::store)?;
+    journal::purge_steps(pool, batch).await?;
     Ok(r.rows_affected())
-}
-
-// ---- Step journals (the `journal` module): in the record's row. ----
-
-/// Appends a step entry if the caller holds the record with a live lease (a dedup or
-/// token claim), under the row's lock. `steps` is assigned before `steps_expires_us`, so
-/// it sees the old expiry: a journal past it starts afresh.
-const WRITE_STEP: &str = concat!(
-    "UPDATE idem_records SET
-    steps = CONCAT(IF(steps_expires_us > ",
-    now!(),
-    ", steps, ''), LPAD(",
-    now!(),
-    ", 16, '0'), ?),
-    steps_expires_us = ",
-    now!(),
-    " + ?
-WHERE id = ? AND state = 2 AND owner = ? AND kind <> 1 AND lease_us > ",
-    now!()
-);
-
-const READ_JOURNAL: &str = concat!(
-    "SELECT steps FROM idem_records WHERE id = ? AND steps_expires_us > ",
-    now!()
-);
-
-// ---- Operator statements (inspect, forget, stats): one statement each. ----
-
-const INSPECT: &str = concat!(
-    "SELECT kind, state, owner, fence,
-    (fingerprint IS NOT NULL) AS has_fingerprint, LENGTH(value) AS value_len,
-    expires_us - ",
-    now!(),
-    " AS ttl_left_us, lease_us - ",
-    now!(),
-    " AS lease_left_us
-FROM idem_records WHERE id = ? AND state <> 0 AND expires_us > ",
-    now!()
-);
-
-pub(super) async fn inspect(pool: &MySqlPool, key: &Key) -> Result<Option<Inspected>, Error> {
-    let row = sqlx::query(INSPECT)
-        .bind(&key.digest()[..])
-        .fetch_optional(pool)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    row.map(|r| Inspected::from_row(key, &r)).transpose()
-}
-
-/// Frees the row whoever holds it, and drops its step journal: a lock keeps its row
-/// (and so its fence) for `LOCK_RETENTION`; anything else is left to expire now.
-const FORGET: &str = concat!(
-    "UPDATE idem_records SET
-    expires_us = CASE WHEN kind = 1 THEN ",
-    now!(),
-    " + ? ELSE ",
-    now!(),
-    " END,
-    state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
-    token_expires_us = NULL, steps = NULL, steps_expires_us = NULL
-WHERE id = ? AND state <> 0 AND expires_us > ",
-    now!()
-);
-
-/// After [`FORGET`]: the journal a released or expired record left (nobody holds it, so
-/// no step write can come between; a holder that took the row meanwhile keeps its own).
-const FORGET_JOURNAL: &str = concat!(
-    "UPDATE idem_records SET steps = NULL, steps_expires_us = NULL
-WHERE id = ? AND steps IS NOT NULL AND NOT (state = 2 AND lease_us > ",
-    now!(),
-    ")"
-);
-
-pub(super) async fn forget(pool: &MySqlPool, key: &Key) -> Result<bool, Error> {
-    let r = sqlx::query(FORGET)
-        .bind(us(LOCK_RETENTION))
-        .bind(&key.digest()[..])
-        .execute(pool)
-        .await
-        .map_err(|e| sql_err(Some(key), e))?;
-    if r.rows_affected() == 0 {
-        sqlx::query(FORGET_JOURNAL)
-            .bind(&key.digest()[..])
-            .execute(pool)
-            .await
-            .map_err(|e| sql_err(Some(key), e))?;
-    }
-    Ok(r.rows_affected() == 1)
-}
-
-const COUNT: &str = concat!(
-    "SELECT namespace, scope, state, COUNT(*) AS n FROM idem_records
-WHERE state <> 0 AND expires_us > ",
-    now!(),
-    " AND (? IS NULL OR namespace = ?)
-GROUP BY namespace, scope, state"
-);
-
-pub(super) async fn count(
-    pool: &MySqlPool,
-    namespace: Option<&str>,
-) -> Result<Vec<(String, String, i16, i64)>, Error> {
-    let rows = sqlx::query(COUNT)
-        .bind(namespace)
-        .bind(namespace)
-        .fetch_all(pool)
-        .await
-        .map_err(Error::store)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Error::store)
 }
 
 /// The [`Dialect`](super::dialect::Dialect) of MySQL and MariaDB: the statements above,
@@ -617,6 +546,9 @@ pub(super) struct MySqlDialect {
     /// MariaDB ≥ 10.5 answers `INSERT … ON DUPLICATE KEY UPDATE … RETURNING`, so a claim
     /// and its replay take one round trip; MySQL needs a second statement to read.
     pub(super) returning: bool,
+    /// The server's `max_allowed_packet`: a step entry that cannot fit in one statement
+    /// is refused before it is sent (see the `journal` module).
+    pub(super) max_packet: u64,
 }
 
 impl super::dialect::Dialect for MySqlDialect {
@@ -686,6 +618,14 @@ impl super::dialect::Dialect for MySqlDialect {
             let tx = self.pool.begin().await.map_err(Error::store)?;
             Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
         })
+    }
+
+    fn without_returning(&self) -> Option<std::sync::Arc<dyn super::dialect::Dialect>> {
+        Some(std::sync::Arc::new(MySqlDialect {
+            pool: self.pool.clone(),
+            returning: false,
+            max_packet: self.max_packet,
+        }))
     }
 
     super::dialect::pooled_methods!(MySqlConnection);

@@ -6,6 +6,10 @@
 //! `INSERT … ON CONFLICT DO UPDATE … WHERE <takeable> RETURNING`, which re-checks the row
 //! under the write lock; if it returns nothing, another claimer won in between and the
 //! caller reads again.
+//!
+//! A dedup or token claim never takes a record whose live step journal was written for
+//! another payload: the read answers it, and the write's `WHERE` re-checks it. Step
+//! journals are in `journal`.
 
 use std::time::Duration;
 
@@ -14,10 +18,8 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{Row, SqlSafeStr};
 
 use super::inspection::Inspected;
-use super::{
-    BoxFuture, FREE, IN_PROGRESS, ISSUED, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code,
-    owner_bytes, sql_err, us,
-};
+use super::record::takeable;
+use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, Snapshot, kind_code, owner_bytes, sql_err, us};
 use crate::store::{ClaimKind, ClaimRequest, Owner};
 use crate::{Error, Key};
 
@@ -29,8 +31,11 @@ macro_rules! now {
     };
 }
 
-// After `now!`, which its statements use.
+// After `now!`, which their statements use.
+mod journal;
 mod toolbox;
+
+use self::journal::{drop_dead_steps, read_steps};
 
 pub(super) fn migrator() -> Migrator {
     let mut m = Migrator::with_migrations(vec![
@@ -55,6 +60,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("../sqlite_v3.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            4,
+            "idem step journals, one row per step".into(),
+            MigrationType::Simple,
+            include_str!("../sqlite_v4.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     m.set_ignore_missing(true);
@@ -63,10 +75,13 @@ pub(super) fn migrator() -> Migrator {
 
 pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
     // SQLite has no advisory lock: two processes opening a new file together may both
-    // try to apply version 1. The DDL is `IF NOT EXISTS` and the loser's bookkeeping
-    // insert fails on the version's primary key; the next attempt sees it applied.
+    // try to apply a version. The loser's DDL or bookkeeping insert fails (a column
+    // already added, the version's primary key), and the next attempt sees it applied.
+    // Each attempt gets at least one version further, so one per version suffices;
+    // two more leave room for a slow start.
+    let versions = migrator().iter().count();
     let mut last = None;
-    for _ in 0..3 {
+    for _ in 0..versions + 2 {
         match migrator().run(pool).await {
             Ok(()) => return Ok(()),
             Err(e) => last = Some(e),
@@ -83,29 +98,38 @@ const SELECT: &str = concat!(
     now!(),
     " AS remaining_us, lease_us - ",
     now!(),
-    " AS lease_left_us FROM idem_records WHERE id = ?"
+    " AS lease_left_us, COALESCE(steps_expires_us > ",
+    now!(),
+    ", 0) AS journal_live, CASE WHEN steps_expires_us > ",
+    now!(),
+    " THEN steps_fp END AS journal_fp FROM idem_records WHERE id = ?"
 );
 
 const CLAIM: &str = concat!(
     "INSERT INTO idem_records
     (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
-     expires_us, lease_us, token_expires_us)
+     expires_us, lease_us, token_expires_us, steps_n, steps_base)
 VALUES (?1, ?2, ?3, ?4, 2, ?5, ",
     now!(),
     ", ?6, NULL, ",
     now!(),
     " + ?7, ",
     now!(),
-    " + ?7, NULL)
+    " + ?7, NULL, ",
+    now!(),
+    ", ",
+    now!(),
+    ")
 ON CONFLICT (id) DO UPDATE SET
     namespace = excluded.namespace, scope = excluded.scope, kind = excluded.kind,
     state = 2, owner = excluded.owner, fence = MAX(fence + 1, excluded.fence),
     fingerprint = excluded.fingerprint, value = NULL,
     expires_us = excluded.expires_us, lease_us = excluded.lease_us, token_expires_us = NULL
-WHERE state = 0 OR expires_us <= excluded.fence
-RETURNING fence, CASE WHEN steps_expires_us > ",
+WHERE (state = 0 OR expires_us <= excluded.fence)
+  AND NOT COALESCE(steps_expires_us > excluded.fence AND steps_fp <> excluded.fingerprint, 0)
+RETURNING fence, COALESCE(steps_expires_us > ",
     now!(),
-    " THEN steps END AS steps"
+    ", 0) AS journal_live"
 );
 
 const CLAIM_TOKEN: &str = concat!(
@@ -122,9 +146,12 @@ WHERE id = ?1 AND expires_us > ",
     " AND (state = 1 OR (state = 2 AND lease_us <= ",
     now!(),
     "))
-RETURNING fence, CASE WHEN steps_expires_us > ",
+  AND NOT COALESCE(steps_expires_us > ",
     now!(),
-    " THEN steps END AS steps"
+    " AND steps_fp <> ?3, 0)
+RETURNING fence, COALESCE(steps_expires_us > ",
+    now!(),
+    ", 0) AS journal_live"
 );
 
 fn snapshot(key: &Key, row: &SqliteRow) -> Result<Snapshot, Error> {
@@ -137,7 +164,9 @@ fn snapshot(key: &Key, row: &SqliteRow) -> Result<Snapshot, Error> {
             value: row.try_get("value")?,
             remaining_us: row.try_get("remaining_us")?,
             lease_left_us: row.try_get("lease_left_us")?,
-            steps: None,
+            journal_live: row.try_get("journal_live")?,
+            journal_fp: row.try_get("journal_fp")?,
+            journal: None,
         })
     };
     get().map_err(|e| sql_err(Some(key), e))
@@ -152,16 +181,11 @@ async fn read(conn: &mut SqliteConnection, key: &Key) -> Result<Option<Snapshot>
     row.map(|r| snapshot(key, &r)).transpose()
 }
 
-/// Whether a row, as read, may be taken by a claim of `kind` (the SQL `WHERE` below).
-fn takeable(kind: ClaimKind, s: &Snapshot) -> bool {
-    let live = s.remaining_us > 0;
-    match kind {
-        ClaimKind::Token => {
-            live && (s.state == ISSUED
-                || (s.state == IN_PROGRESS && s.lease_left_us.is_some_and(|l| l <= 0)))
-        }
-        _ => s.state == FREE || !live,
-    }
+/// Whether a record's live journal was written for another payload than the claim's
+/// (both known): the claim must not take it.
+fn other_payload(req: &ClaimRequest, s: &Snapshot) -> bool {
+    req.kind != ClaimKind::Lock
+        && matches!((&req.fingerprint, &s.journal_fp), (Some(ours), Some(theirs)) if ours.0[..] != theirs[..])
 }
 
 pub(super) async fn claim(
@@ -171,7 +195,9 @@ pub(super) async fn claim(
 ) -> Result<Option<Snapshot>, Error> {
     let seen = read(conn, key).await?;
     match &seen {
-        Some(s) if !takeable(req.kind, s) => return Ok(seen),
+        // Not takeable, or its live journal is another payload's (the statement's
+        // `WHERE` would refuse it): answered from the read, without the write lock.
+        Some(s) if !takeable(req.kind, s) || other_payload(req, s) => return Ok(seen),
         None if req.kind == ClaimKind::Token => return Ok(None),
         _ => {}
     }
@@ -201,7 +227,9 @@ pub(super) async fn claim(
         Some(r) => Ok(Some(Snapshot {
             claimed: true,
             fence: r.try_get("fence").map_err(|e| sql_err(Some(key), e))?,
-            steps: r.try_get("steps").map_err(|e| sql_err(Some(key), e))?,
+            journal_live: r
+                .try_get("journal_live")
+                .map_err(|e| sql_err(Some(key), e))?,
             ..Snapshot::default()
         })),
         // Lost a race after the read: read again (the caller decides from it).
@@ -210,8 +238,8 @@ pub(super) async fn claim(
 }
 
 const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, steps = NULL, \
-     steps_expires_us = NULL, expires_us = ",
+    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, \
+     steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL, expires_us = ",
     now!(),
     " + ?4 WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ",
     now!()
@@ -228,7 +256,7 @@ pub(super) async fn complete(
 }
 
 /// Runs `sql`, a statement that changes `key`'s row only if `owner` holds it with a live
-/// lease ([`COMPLETE`], `WRITE_STEP`), with `bytes` and `ttl`; `true` if it did.
+/// lease ([`COMPLETE`]), with `bytes` and `ttl`; `true` if it did.
 async fn owner_checked(
     sql: &'static str,
     conn: &mut SqliteConnection,
@@ -307,12 +335,16 @@ pub(super) async fn renew(
 const ISSUE: &str = concat!(
     "INSERT INTO idem_records
     (id, namespace, scope, kind, state, owner, fence, fingerprint, value,
-     expires_us, lease_us, token_expires_us)
+     expires_us, lease_us, token_expires_us, steps_n, steps_base)
 VALUES (?1, ?2, ?3, ?4, 1, NULL, 0, NULL, NULL, ",
     now!(),
     " + ?5, NULL, ",
     now!(),
-    " + ?5)
+    " + ?5, ",
+    now!(),
+    ", ",
+    now!(),
+    ")
 ON CONFLICT (id) DO UPDATE SET
     namespace = excluded.namespace, scope = excluded.scope, kind = excluded.kind,
     state = 1, owner = NULL, fingerprint = NULL, value = NULL,
@@ -344,38 +376,16 @@ const PURGE: &str = concat!(
     ") ORDER BY expires_us LIMIT ?1)"
 );
 
+/// Deletes up to `batch` expired records, then up to `batch` dead journal entries.
 pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
     let r = sqlx::query(PURGE)
         .bind(batch)
         .execute(pool)
         .await
         .map_err(Error::store)?;
+    journal::purge_steps(pool, batch).await?;
     Ok(r.rows_affected())
 }
-
-// ---- Step journals (the `journal` module): in the record's row. ----
-
-/// Appends a step entry if the caller holds the record with a live lease (a dedup or
-/// token claim). A journal past its expiry starts afresh. `||` keeps a blob's bytes
-/// (NULs too) and yields text, hence the cast back.
-const WRITE_STEP: &str = concat!(
-    "UPDATE idem_records SET
-    steps = CAST(CASE WHEN steps_expires_us > ",
-    now!(),
-    " THEN steps ELSE X'' END || printf('%016d', ",
-    now!(),
-    ") || ?3 AS BLOB),
-    steps_expires_us = ",
-    now!(),
-    " + ?4
-WHERE id = ?1 AND state = 2 AND owner = ?2 AND kind <> 1 AND lease_us > ",
-    now!()
-);
-
-const READ_JOURNAL: &str = concat!(
-    "SELECT steps FROM idem_records WHERE id = ?1 AND steps_expires_us > ",
-    now!()
-);
 
 // ---- Operator statements (inspect, forget, stats): one statement each. ----
 
@@ -410,7 +420,7 @@ const FORGET: &str = concat!(
     now!(),
     " END,
     state = 0, owner = NULL, fingerprint = NULL, value = NULL, lease_us = NULL,
-    token_expires_us = NULL, steps = NULL, steps_expires_us = NULL
+    token_expires_us = NULL, steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL
 WHERE id = ?1 AND state <> 0 AND expires_us > ",
     now!()
 );
@@ -418,8 +428,8 @@ WHERE id = ?1 AND state <> 0 AND expires_us > ",
 /// After [`FORGET`] found no record: the journal a released or expired record left
 /// (a holder that took the row meanwhile keeps its own).
 const FORGET_JOURNAL: &str = concat!(
-    "UPDATE idem_records SET steps = NULL, steps_expires_us = NULL
-WHERE id = ?1 AND steps IS NOT NULL AND NOT (state = 2 AND lease_us > ",
+    "UPDATE idem_records SET steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL
+WHERE id = ?1 AND steps_expires_us IS NOT NULL AND NOT (state = 2 AND lease_us > ",
     now!(),
     ")"
 );
@@ -438,6 +448,8 @@ pub(super) async fn forget(pool: &SqlitePool, key: &Key) -> Result<bool, Error> 
             .await
             .map_err(|e| sql_err(Some(key), e))?;
     }
+    // The entries of the journal dropped above (dead already: this only frees space).
+    drop_dead_steps(pool, key).await?;
     Ok(r.rows_affected() == 1)
 }
 
