@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use idem_runtime::codec::FingerprintBuilder;
 use idem_runtime::store::sql::sqlx::{self, AssertSqlSafe};
 use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Journal, Owner};
-use idem_runtime::{Fingerprint, FingerprintBuilder, Key, SqlStore, Store};
+use idem_runtime::{Fingerprint, Key, SqlStore, Store};
 use support::{ms, unique};
 
 const TTL: Duration = Duration::from_secs(600);
