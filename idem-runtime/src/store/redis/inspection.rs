@@ -17,9 +17,10 @@ use crate::inspect::{RecordCount, RecordInfo, RecordState};
 use crate::store::{ClaimKind, Owner};
 use crate::{Error, Key};
 
-static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
-static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
-static COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("count.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/forget.lua")));
+static COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/count.lua")));
 
 /// Keys a SCAN step looks at: small enough that one batch keeps the server busy for well
 /// under a millisecond.
@@ -60,7 +61,7 @@ impl RedisStore {
             loop {
                 let batch = SCAN_BATCH.to_string();
                 let args = [cursor.as_str(), pattern.as_str(), batch.as_str()];
-                let source = include_str!("count.lua");
+                let source = include_str!("scripts/count.lua");
                 let reply = self.eval_on(node.as_ref(), &COUNT, source, &args).await?;
                 let (next, found) = parse_batch(reply)?;
                 for (name, state) in found {

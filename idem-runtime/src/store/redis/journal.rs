@@ -21,8 +21,12 @@ pub(super) const STEPS: &str = ":steps";
 /// the single byte 0xFF, never valid UTF-8, so never a step name.
 const FINGERPRINT_FIELD: &[u8] = b"\xff";
 
-static STEP: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("held.lua"), include_str!("step.lua"))));
+static STEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/held.lua"),
+        include_str!("scripts/step.lua")
+    ))
+});
 
 /// A claim's answer once the record is taken: `Resumed` if `journal` (an `HGETALL`
 /// reply) has entries, else `Claimed`.

@@ -17,23 +17,27 @@ use crate::store::{
 };
 use crate::{Error, Key};
 
-static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/claim.lua")));
 // Complete, release and renew start alike: held.lua reads and checks the record and its
 // owner for each of them.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
-        include_str!("held.lua"),
-        include_str!("complete.lua")
+        include_str!("scripts/held.lua"),
+        include_str!("scripts/complete.lua")
     ))
 });
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
-        include_str!("held.lua"),
-        include_str!("release.lua")
+        include_str!("scripts/held.lua"),
+        include_str!("scripts/release.lua")
     ))
 });
-static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("held.lua"), include_str!("renew.lua"))));
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/held.lua"),
+        include_str!("scripts/renew.lua")
+    ))
+});
 
 impl RedisStore {
     /// The claim script's run and answer; a claim it made must reach the replicas.

@@ -33,18 +33,20 @@ use crate::store::{
 use crate::{Error, Key};
 
 static VERSIONED_LOAD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("versioned_load.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/versioned_load.lua")));
 static VERSIONED_CAS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("versioned_cas.lua")));
-static TRANSITION: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("transition.lua")));
-static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("settle.lua")));
-static STATE_LOAD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("state_load.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/versioned_cas.lua")));
+static TRANSITION: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/transition.lua")));
+static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/settle.lua")));
+static STATE_LOAD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/state_load.lua")));
 static BLOOM_CREATE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("bloom_create.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/bloom_create.lua")));
 static BLOOM_INSERT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("bloom_insert.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/bloom_insert.lua")));
 static BLOOM_CONTAINS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("bloom_contains.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/bloom_contains.lua")));
 
 /// Bits per bitmap shard: 1 MiB less 64 bytes (room for the string's header), so a
 /// shard's allocation is exactly one 1 MiB size class.
