@@ -16,8 +16,11 @@
 //!   **keep** the journal;
 //! - a dedup or token claim that takes the record (absent, released, expired lease, issued
 //!   token) and finds a live, non-empty journal answers
-//!   [`ClaimOutcome::Resumed`](super::ClaimOutcome::Resumed) with it, **in the same atomic
-//!   step and round trip** as the claim; a lock claim never does;
+//!   [`ClaimOutcome::Resumed`](super::ClaimOutcome::Resumed) with it: the claim orders
+//!   itself after the old holder's last write (in the same atomic step), so the journal it
+//!   returns misses none of them; reading it may take one more round trip on that resume
+//!   path only (Redis reads it in the claim's script, SQL in a second statement). A lock
+//!   claim never does;
 //! - a dedup or token claim that would take the record while it has a live journal
 //!   written for another payload changes nothing and answers
 //!   [`ClaimOutcome::OtherPayload`](super::ClaimOutcome::OtherPayload), decided in the

@@ -9,7 +9,7 @@
 //!
 //! The journal survives a release: if the body fails after two steps, or its future is
 //! dropped, or its process dies (past its lease), the next attempt gets the journal with
-//! its claim (no extra round trip) and replays those two steps from it, running only
+//! its claim and replays those two steps from it, running only
 //! what is left. It is dropped when the call completes, when the key is forgotten, or
 //! the record's lease plus its ttl after the last step written (so a body slower than
 //! its ttl that then fails still leaves its journal). A journal belongs to the payload
