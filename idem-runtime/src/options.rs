@@ -1,6 +1,5 @@
 //! Per-function options: what `#[idempotent(...)]` compiles to, and what the direct API takes.
 
-pub use crate::runtime::DEFAULT_NAMESPACE;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -230,3 +229,6 @@ impl Options {
         }
     }
 }
+
+/// The namespace used when none is given.
+pub const DEFAULT_NAMESPACE: &str = "idem";

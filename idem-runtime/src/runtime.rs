@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::key::{Digest, KeyWriter};
+use crate::options::DEFAULT_NAMESPACE;
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::{Error, Key, Options};
@@ -74,9 +75,6 @@ impl fmt::Debug for IdemBuilder {
             .finish()
     }
 }
-
-/// The namespace used when none is given.
-pub const DEFAULT_NAMESPACE: &str = "idem";
 
 impl IdemBuilder {
     /// The store to keep records in (default: a new [`MemoryStore`]).

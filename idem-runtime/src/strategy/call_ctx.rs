@@ -1,13 +1,13 @@
 //! What a claimed body knows of its own call: the key it holds, from which
 //! [`call_key`] derives a downstream idempotency key, the keys its task already
 //! holds, so that a function calling itself with its own key fails at once instead of
-//! waiting for itself, and its durable steps' frame (see [`super::step::frame`]).
+//! waiting for itself. (Its durable steps keep a frame of their own: see
+//! [`super::step::frame`].)
 
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 
-use super::step::frame::StepFrame;
 use crate::Key;
 
 tokio::task_local! {
@@ -22,9 +22,6 @@ pub(crate) struct Frame {
     /// downstream key makes sense; a lock's body runs again on every call.
     once: bool,
     outer: Option<Arc<Link>>,
-    /// What durable steps need (dedup and token bodies only): `None` in a lock's body,
-    /// (a lock's body runs again on every call, so it has no journal).
-    steps: Option<StepFrame>,
 }
 
 /// A claim of a call that a body runs inside (in the same task): its key, and the claims
@@ -34,35 +31,9 @@ struct Link {
     outer: Option<Arc<Link>>,
 }
 
-/// Runs `f` with the key and the step frame of the claimed dedup or token body running
-/// in this task; `None` outside one (no call, a lock's body, a spawned task).
-pub(crate) fn with_steps<R>(f: impl FnOnce(Key, &StepFrame) -> R) -> Option<R> {
-    CALL.try_with(|c| c.steps.as_ref().map(|s| f(c.key, s)))
-        .ok()
-        .flatten()
-}
-
 /// `body`, run with `key` as the claim its task holds. The frames of calls nested in
 /// one task are chained, which costs an allocation only to a nested call.
 pub(crate) fn scope<F: Future>(key: Key, once: bool, body: F) -> impl Future<Output = F::Output> {
-    scope_frame(key, once, None, body)
-}
-
-/// [`scope`] for a dedup or token body, whose steps write under `steps`.
-pub(crate) fn scope_steps<F: Future>(
-    key: Key,
-    steps: StepFrame,
-    body: F,
-) -> impl Future<Output = F::Output> {
-    scope_frame(key, true, Some(steps), body)
-}
-
-fn scope_frame<F: Future>(
-    key: Key,
-    once: bool,
-    steps: Option<StepFrame>,
-    body: F,
-) -> impl Future<Output = F::Output> {
     let outer = CALL
         .try_with(|f| {
             Arc::new(Link {
@@ -71,15 +42,7 @@ fn scope_frame<F: Future>(
             })
         })
         .ok();
-    CALL.scope(
-        Frame {
-            key,
-            once,
-            outer,
-            steps,
-        },
-        body,
-    )
+    CALL.scope(Frame { key, once, outer }, body)
 }
 
 /// Whether a body running in this task already holds `key`: claiming it again could

@@ -10,7 +10,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
-use super::step::frame;
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Op};
 use crate::store::{
@@ -502,7 +501,9 @@ pub(crate) fn retry_settle(
 }
 
 /// Runs `body` while renewing the lease every third of it. Returns the body's output and
-/// whether the lease was lost meanwhile (another owner may then hold the key).
+/// whether the lease was lost meanwhile (another owner may then hold the key). `renewed`
+/// hears of each renewal (`Some`: sent at that instant, and it succeeded) and of the loss
+/// (`None`), so a body's durable steps know how long the claim is theirs.
 ///
 /// The body is polled first on every wake-up, and the renewal timer is only armed if the
 /// body does not finish on its first poll, so short bodies pay nothing for the heartbeat.
@@ -511,6 +512,7 @@ pub(crate) async fn with_heartbeat<F: Future>(
     key: &Key,
     owner: Owner,
     lease: Duration,
+    mut renewed: impl FnMut(Option<Instant>),
     body: F,
 ) -> (F::Output, bool) {
     let period = (lease / 3).max(Duration::from_millis(1));
@@ -533,10 +535,10 @@ pub(crate) async fn with_heartbeat<F: Future>(
                 renewing = None;
                 match res {
                     // The body's steps learn how long the claim is theirs.
-                    Ok(true) => frame::heartbeat(owner, Some(sent)),
+                    Ok(true) => renewed(Some(sent)),
                     Ok(false) => {
                         lost = true;
-                        frame::heartbeat(owner, None);
+                        renewed(None);
                         tracing::warn!(%key, "lease lost while the body runs");
                         break;
                     }

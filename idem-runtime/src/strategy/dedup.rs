@@ -204,6 +204,7 @@ where
         // still in flight.
         let guard = ClaimGuard::new(store.clone(), key, owner);
         let steps = StepFrame::new(
+            key,
             guard,
             store.clone(),
             owner,
@@ -213,15 +214,16 @@ where
         );
         let lease = opts.lease;
         // The heartbeat runs inside the frame, so the steps know when it renewed.
-        let (mut result, lost) = call_ctx::scope_steps(key, steps, async {
-            let out = with_heartbeat(&**store, &key, owner, lease, body).await;
+        let renewed = |r| frame::heartbeat(owner, r);
+        let body = call_ctx::scope(key, true, async {
+            let out = with_heartbeat(&**store, &key, owner, lease, renewed, body).await;
             // The body has returned, so its effect has happened: from here a drop never
             // releases. The completion (or the release an `Err` asks for) is finished in
             // the background instead (see `settle`).
             frame::body_returned();
             out
-        })
-        .await;
+        });
+        let (mut result, lost) = frame::scope(Some(steps), body).await;
         // The bytes are handed to the store, not cloned (a clone of fresh `Bytes` allocates);
         // the rare failed call encodes them again below.
         let mut marked = false;

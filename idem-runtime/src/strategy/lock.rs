@@ -2,6 +2,7 @@
 //!
 #![doc = include_str!("guide/lock.md")]
 
+use super::step::frame;
 use std::future::Future;
 
 use std::ops::Deref;
@@ -102,7 +103,9 @@ where
         &key,
         owner,
         opts.lease,
-        FENCE.scope(fence, call_ctx::scope(key, false, body)),
+        |_| {},
+        // A lock's body runs on every call and keeps no journal: steps there are refused.
+        frame::scope(None, FENCE.scope(fence, call_ctx::scope(key, false, body))),
     )
     .await;
     // A lock stores nothing, so giving it back early after the body would be harmless;

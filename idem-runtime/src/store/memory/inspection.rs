@@ -4,8 +4,8 @@ use tokio::time::Instant;
 
 use super::{MemoryStore, State};
 use crate::Key;
-use crate::inspect::{RecordInfo, RecordState};
 use crate::store::ClaimKind;
+use crate::store::{RecordInfo, RecordState};
 
 impl MemoryStore {
     /// The live record under `key`, read under its shard's lock.

@@ -19,7 +19,7 @@ use super::{
     BloomStore, BoxFuture, ClaimKind, ClaimOutcome, ClaimRequest, LocalStore, Memo, Owner,
     StateStore, Store, Subscription, VersionedStore,
 };
-use crate::inspect::RecordInfo;
+use crate::store::RecordInfo;
 use crate::{Error, Fingerprint, Key};
 
 /// Many small shards rather than a few large ones: a shard grows (and is swept) in one

@@ -13,8 +13,8 @@ use super::RedisStore;
 use super::connect::Conn;
 use super::record::corrupt;
 use super::record::evalsha;
-use crate::inspect::{RecordCount, RecordInfo, RecordState};
 use crate::store::{ClaimKind, Owner};
+use crate::store::{RecordCount, RecordInfo, RecordState};
 use crate::{Error, Key};
 
 static INSPECT: LazyLock<Script> =
@@ -302,7 +302,7 @@ fn parse_inspect(key: &Key, items: Vec<Value>) -> Result<Option<RecordInfo>, Err
     Ok(Some(RecordInfo { ttl_left, ..info }))
 }
 
-impl crate::inspect::RecordCounts for RedisStore {
+impl crate::store::RecordCounts for RedisStore {
     fn count_records<'a>(
         &'a self,
         namespace: Option<&'a str>,

@@ -202,7 +202,7 @@ impl Store for RedisStore {
     fn inspect<'a>(
         &'a self,
         key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<crate::inspect::RecordInfo>, Error>> {
+    ) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
         Box::pin(self.inspect_record(key))
     }
 
@@ -210,7 +210,7 @@ impl Store for RedisStore {
         Box::pin(self.forget_record(key))
     }
 
-    fn record_counts(&self) -> Option<&dyn crate::inspect::RecordCounts> {
+    fn record_counts(&self) -> Option<&dyn crate::store::RecordCounts> {
         Some(self)
     }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::record::{
     COMPLETED, FREE, IN_PROGRESS, ISSUED, KIND_DEDUP, KIND_LOCK, KIND_TOKEN, corrupt, sql_err,
 };
-use crate::inspect::{RecordCount, RecordInfo, RecordState};
 use crate::store::{ClaimKind, Owner};
+use crate::store::{RecordCount, RecordInfo, RecordState};
 use crate::{Error, Key};
 
 /// A row as the inspect statement reads it, by the database's clock.

@@ -166,7 +166,7 @@ impl Store for SqlStore {
     fn inspect<'a>(
         &'a self,
         key: &'a Key,
-    ) -> BoxFuture<'a, Result<Option<crate::inspect::RecordInfo>, Error>> {
+    ) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
         Box::pin(self.bounded(async move {
             let row = self.dialect.inspect(key).await?;
             row.map(|r| r.into_info(key)).transpose()
@@ -184,7 +184,7 @@ impl Store for SqlStore {
         })
     }
 
-    fn record_counts(&self) -> Option<&dyn crate::inspect::RecordCounts> {
+    fn record_counts(&self) -> Option<&dyn crate::store::RecordCounts> {
         Some(self)
     }
 
@@ -325,11 +325,11 @@ impl TransactionalStore for SqlStore {
     }
 }
 
-impl crate::inspect::RecordCounts for SqlStore {
+impl crate::store::RecordCounts for SqlStore {
     fn count_records<'a>(
         &'a self,
         namespace: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<crate::inspect::RecordCount>, Error>> {
+    ) -> BoxFuture<'a, Result<Vec<crate::store::RecordCount>, Error>> {
         Box::pin(self.bounded(async move {
             let rows = self.dialect.count(namespace).await?;
             Ok(super::inspection::counts(rows))

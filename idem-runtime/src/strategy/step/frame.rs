@@ -2,9 +2,10 @@
 //! record's journal, which step names the call has used, whether the call still owns
 //! its claim, and the writes still in flight that a release must wait for.
 //!
-//! One frame per claimed dedup or token call, kept in the call's task-local frame (see
-//! [`call_ctx`](super::super::call_ctx)). Everything that costs memory is allocated by
-//! the first step, so a body without steps pays for a frame only.
+//! One frame per claimed dedup or token call, in a task-local of its own beside the
+//! call's [`call_ctx`](super::super::call_ctx) frame; a lock's body hides it (`None`), as
+//! a lock runs its body on every call and keeps no journal. Everything that costs memory
+//! is allocated by the first step, so a body without steps pays for a frame only.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -14,12 +15,13 @@ use bytes::Bytes;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tokio::time::Instant;
 
-use super::super::call_ctx;
 use super::super::claiming::ClaimGuard;
 use crate::store::{Journal, Owner, Store};
 use crate::{Error, Key};
 
 tokio::task_local! {
+    /// The step frame of the claimed body running in this task (`None` in a lock's body).
+    static STEPS: Option<StepFrame>;
     /// The step whose closure is running (its call's owner and its id in that call), so
     /// a step started inside it knows its parent.
     static PARENT: (Owner, u32);
@@ -39,6 +41,7 @@ pub(crate) enum Journaled {
 
 /// The claim a body's steps write under, and what the call knows of its steps.
 pub(crate) struct StepFrame {
+    key: Key,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) owner: Owner,
     /// How long the journal lives after a write: the record's lease plus its ttl, so a
@@ -85,6 +88,7 @@ struct Used {
 
 impl StepFrame {
     pub(crate) fn new(
+        key: Key,
         guard: ClaimGuard,
         store: Arc<dyn Store>,
         owner: Owner,
@@ -108,6 +112,7 @@ impl StepFrame {
             })
         });
         StepFrame {
+            key,
             store,
             owner,
             ttl: ttl.saturating_add(lease),
@@ -160,8 +165,21 @@ pub(crate) struct StepStart {
     pub(crate) id: u32,
 }
 
+/// `body`, run with `steps` as the step frame of its task (`None`: steps are refused).
+pub(crate) fn scope<F: Future>(
+    steps: Option<StepFrame>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    STEPS.scope(steps, body)
+}
+
+/// Runs `f` with the key and the step frame of the claimed dedup or token body running
+/// in this task; `None` outside one (no call, a lock's body, a spawned task).
 fn in_frame<R>(f: impl FnOnce(Key, &StepFrame) -> R) -> Option<R> {
-    call_ctx::with_steps(f)
+    STEPS
+        .try_with(|s| s.as_ref().map(|s| f(s.key, s)))
+        .ok()
+        .flatten()
 }
 
 /// Starts step `name` in the claimed body running in this task: checks that there is
