@@ -15,9 +15,10 @@
 //!     (MemoryStore's journals cannot be written from outside);
 //!   - Redis: `HSET <record>:steps <name> <entry>` through `RedisStore::command`: the
 //!     journal's own hash and entry bytes (kind, 15 digits of milliseconds, value), one
-//!     command and one round trip; the completion deletes the hash, as it does a
-//!     journal;
-//!   - PostgreSQL: SqlStore's own step `UPDATE` (`PG_RAW_WRITE` here) without its owner,
+//!     command and one round trip; the completion deletes the hash (idem's completion
+//!     deletes a journal only for a record that has one);
+//!   - PostgreSQL: the step `UPDATE` SqlStore made before its journal moved to a table of
+//!     its own (one row per step, migration 4): `PG_RAW_WRITE` here, without its owner,
 //!     state, lease and expiry checks: the entry, in the journal's format and stamped
 //!     by the database's clock, appended to the `steps` column of the record's own row
 //!     through the store's pool;
