@@ -403,34 +403,20 @@ impl ClaimGuard {
     /// share of `writes`): a release that overtook a finished step's write would make the
     /// owner check refuse it, and the next attempt would run the step again.
     pub(crate) fn release_after(mut self, writes: Arc<tokio::sync::RwLock<()>>) {
+        self.release(Some(writes));
         self.disarm();
-        let (store, key, owner) = (self.store.clone(), self.key, self.owner);
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    let _all = writes.write_owned().await;
-                    if let Err(e) = store.release(&key, owner).await {
-                        tracing::warn!(%key, error = %e, "releasing a cancelled claim failed; it ends with its lease");
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                %key,
-                "claim dropped outside a tokio runtime; it ends with its lease"
-            ),
-        }
     }
-}
 
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let store = self.store.clone();
-        let key = self.key;
-        let owner = self.owner;
+    /// Starts the release, after the writes in `after` if any: for a store that answers
+    /// without I/O (memory) and no write in flight it completes here; otherwise it
+    /// continues on a spawned task.
+    fn release(&self, after: Option<Arc<tokio::sync::RwLock<()>>>) {
+        let (store, key, owner) = (self.store.clone(), self.key, self.owner);
         let mut release: BoxFuture<'static, ()> = Box::pin(async move {
+            let _all = match after {
+                Some(writes) => Some(writes.write_owned().await),
+                None => None,
+            };
             if let Err(e) = store.release(&key, owner).await {
                 tracing::warn!(%key, error = %e, "releasing a cancelled claim failed; it ends with its lease");
             }
@@ -446,6 +432,14 @@ impl Drop for ClaimGuard {
                     "claim dropped outside a tokio runtime; it ends with its lease"
                 ),
             }
+        }
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.release(None);
         }
     }
 }

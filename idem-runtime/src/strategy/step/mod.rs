@@ -422,21 +422,23 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
             .await;
     }
     let permit = frame::write_permit();
-    let (store, key, owner, ttl, step) = (
+    // One copy of the name, for the write and for its report after a drop.
+    let step: std::sync::Arc<str> = name.into();
+    let (store, key, owner, ttl, sending) = (
         start.store.clone(),
         start.key,
         start.owner,
         start.ttl,
-        name.to_owned(),
+        step.clone(),
     );
     let sent: BoxFuture<'static, Result<bool, Error>> = Box::pin(async move {
         let _permit = permit;
         match store.journal() {
-            Some(j) => j.write_step(&key, owner, &step, value, ttl).await,
+            Some(j) => j.write_step(&key, owner, &sending, value, ttl).await,
             None => Err(Error::Unsupported("durable steps (a step journal)")),
         }
     });
-    let (step, function) = (name.to_owned(), start.function);
+    let function = start.function;
     Finishing::new(sent, move |done| {
         written(key, &step, function, done, false);
     })
