@@ -217,6 +217,22 @@ pub async fn timeout_sweep_over_steps_never_reruns_one(store: Arc<dyn Store>) {
     assert!(doubled.is_empty(), "a step ran twice: {doubled:?}");
 }
 
+/// Up to three tries of `attempt` within one call, as a body retrying a failed step does.
+async fn three_tries<T, F, Fut>(attempt: F) -> Result<T, Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut last = None;
+    for _ in 0..3 {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap())
+}
+
 /// A `Verified` step retried within the same call asks `verify` before it runs again:
 /// when `f` failed after its effect landed (the carrier timed out after accepting), and
 /// when an earlier attempt left an intent and this call's `verify` failed once.
@@ -259,16 +275,7 @@ pub async fn verified_retried_in_call_asks_verify(store: Arc<dyn Store>) {
     // `f` fails after its effect landed; the body retries at once.
     let attempt = ship(true, 0);
     let v = idem
-        .dedup(&EDGES, "parcel-1", async move {
-            let mut last = None;
-            for _ in 0..3 {
-                match attempt().await {
-                    Ok(v) => return Ok::<_, Error>(v),
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.unwrap())
-        })
+        .dedup(&EDGES, "parcel-1", three_tries(attempt))
         .await
         .unwrap();
     assert_eq!(v, 7);
@@ -299,16 +306,7 @@ pub async fn verified_retried_in_call_asks_verify(store: Arc<dyn Store>) {
     assert!(store.release(&key, dead.owner).await.unwrap());
     let attempt = ship(false, 1);
     let v = idem
-        .dedup(&EDGES, "parcel-2", async move {
-            let mut last = None;
-            for _ in 0..3 {
-                match attempt().await {
-                    Ok(v) => return Ok::<_, Error>(v),
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.unwrap())
-        })
+        .dedup(&EDGES, "parcel-2", three_tries(attempt))
         .await
         .unwrap();
     assert_eq!(v, 7);
