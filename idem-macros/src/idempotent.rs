@@ -16,8 +16,9 @@ use syn::{Ident, ItemFn, Token, bracketed};
 use crate::diagnostics::{Errors, internal, unknown_option};
 use crate::key::Template;
 use crate::options::{
-    CratePath, Decl, Duration, Options, Value, choice, declare_options, parse_options,
+    CratePath, Decl, Duration, Flag, Options, Value, choice, declare_options, parse_options,
 };
+use crate::recover::Recover;
 use crate::rewrite::{Private, on_fn, signature_span, typed_block};
 use crate::signature::{ResultType, check_references, require_async};
 
@@ -37,6 +38,8 @@ declare_options! {
         cache_err: bool = "cache_err" (e.g. "true"),
         transaction: Transaction = "transaction" (e.g. "tx"),
         idem: RuntimeExpr = "idem" (e.g. "self.idem"),
+        recover: Flag = "recover" (e.g. "true"),
+        context: ParamList = "context" (e.g. "[pool, gateway]"),
         krate: CratePath = "crate" (e.g. "\"::idem_runtime\""),
     }
 }
@@ -243,6 +246,10 @@ struct Config {
     transaction: Option<Ident>,
     /// The runtime named by the function (`idem = ...`); else the current one.
     idem: Option<syn::Expr>,
+    /// `recover`: the arguments are recorded, and a recoverer may finish the call.
+    recover: bool,
+    /// The parameters a recoverer provides by type (`context = [...]`).
+    context: Vec<Ident>,
     private: Private,
 }
 
@@ -297,6 +304,35 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
             "fingerprint",
             no_record,
         );
+    }
+    if let Some(arg) = given.recover.as_ref().filter(|a| a.value.0) {
+        match strategy {
+            Strategy::Dedup => {}
+            Strategy::Lock => errors.push(syn::Error::new(
+                arg.name,
+                "`recover` does not apply to strategy = \"lock\": a lock keeps no record \
+                 of the call to resume; use strategy = \"dedup\" (the default)",
+            )),
+            Strategy::Token => errors.push(syn::Error::new(
+                arg.name,
+                "`recover` applies to strategy = \"dedup\" only: a token's call belongs \
+                 to the client holding the token, which retries it",
+            )),
+        }
+        if let Some(tx) = &given.transaction {
+            errors.push(syn::Error::new(
+                tx.name,
+                "`transaction` does not apply with `recover`: a recoverer has no \
+                 transaction of the caller's to run in; write the transactional work as a \
+                 `step_tx` inside the body instead",
+            ));
+        }
+    } else if let Some(arg) = &given.context {
+        errors.push(syn::Error::new(
+            arg.name,
+            "`context` names the arguments a recoverer provides, so it needs `recover`; \
+             add `recover`, or remove `context`",
+        ));
     }
     if let Some(arg) = &given.transaction {
         if strategy != Strategy::Dedup {
@@ -357,6 +393,8 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
         fingerprint: given.fingerprint.map(|a| a.value.0).unwrap_or_default(),
         transaction: given.transaction.map(|a| a.value.0),
         idem: given.idem.map(|a| a.value.0),
+        recover: given.recover.is_some_and(|a| a.value.0),
+        context: given.context.map(|a| a.value.0).unwrap_or_default(),
         // A wrong `crate` path is then reported at the literal.
         private: Private::new(given.krate),
     }))
@@ -400,11 +438,16 @@ fn expand_fn(args: TokenStream, func: &ItemFn) -> syn::Result<TokenStream> {
                 .iter()
                 .map(|entry| (entry, "the fingerprint")),
         );
+        named.extend(config.context.iter().map(|entry| (entry, "`context`")));
         check_references(func, &config.key, &named, &mut errors);
     }
+    let recover = config
+        .as_ref()
+        .filter(|c| c.recover)
+        .and_then(|c| Recover::check(func, &c.context, &mut errors));
     errors.finish()?;
     match (config, result) {
-        (Some(config), Some(result)) => Ok(rewrite(func, &config, &result)),
+        (Some(config), Some(result)) => Ok(rewrite(func, &config, &result, recover.as_ref())),
         // Both were parsed or an error was returned above.
         _ => Err(internal(ATTRIBUTE)),
     }
@@ -419,7 +462,12 @@ fn borrows(tokens: TokenStream) -> bool {
     })
 }
 
-fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStream {
+fn rewrite(
+    func: &ItemFn,
+    config: &Config,
+    result: &ResultType<'_>,
+    recover: Option<&Recover<'_>>,
+) -> TokenStream {
     let ret_ty = result.whole;
     // One `use` names the runtime's private module; every other path goes through it.
     let import = config.private.import();
@@ -539,6 +587,9 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
             bounds.extend(quote_spanned!(at=> #private_at::replayable_err(#returns);));
         }
     }
+    if let Some(recover) = recover {
+        bounds.extend(recover.bounds(&returns, at));
+    }
     let constructor_at = Ident::new(&constructor.to_string(), at);
     // Replays by clone on an in-process store when the `Ok` type allows it; decided by
     // method lookup on a probe (see `idem_runtime::codec::CloneReplay`), so no bound is added
@@ -575,10 +626,14 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
             },
             at,
         );
-        (
-            quote_spanned!(at=> <#private_at::#codec, _, _, _>),
-            quote!(#rt, &#options, #key, #fp, #reuse, #body),
-        )
+        let args = match recover {
+            Some(recover) => {
+                let args = recover.args(&key);
+                quote!(#rt, &#options, #key, #fp, #args, #reuse, #body)
+            }
+            None => quote!(#rt, &#options, #key, #fp, #reuse, #body),
+        };
+        (quote_spanned!(at=> <#private_at::#codec, _, _, _>), args)
     } else {
         (
             quote_spanned!(at=> <_, _, _>),
@@ -587,7 +642,12 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
     };
     let mut args = Group::new(Delimiter::Parenthesis, args);
     args.set_span(at);
+    let constructor_at = match recover {
+        Some(_) => Ident::new("dedup_recoverable", at),
+        None => constructor_at,
+    };
     let call = quote_spanned!(at=> #private_at::#constructor_at::#generics #args .await);
+    let entry = recover.map(|r| r.entry(&sig.ident, &options));
 
     if let Some(tx) = &config.transaction {
         // Transactional mode: claim in the caller's transaction, run the body inline (it
@@ -642,6 +702,7 @@ fn rewrite(func: &ItemFn, config: &Config, result: &ResultType<'_>) -> TokenStre
             #import
             #bounds
             static #options: #private::Options = #spec;
+            #entry
             let #rt = #runtime;
             let #key = #rt.key_parts(&#options, |#writer| #key_parts);
             #fingerprint

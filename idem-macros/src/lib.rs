@@ -11,6 +11,7 @@
 mod diagnostics;
 mod key;
 mod options;
+mod recover;
 mod rewrite;
 mod signature;
 

@@ -57,6 +57,20 @@ impl Key {
         self.namespace
     }
 
+    /// The key of `scope` in `namespace` with digest `digest`, as a store's index names
+    /// it (a recoverer rebuilds the keys it finds).
+    pub(crate) fn from_parts(
+        namespace: &'static str,
+        scope: &'static str,
+        digest: [u8; 16],
+    ) -> Key {
+        Key {
+            namespace,
+            scope,
+            digest,
+        }
+    }
+
     /// The function path, or the scope all tokens share (see [`Key::is_token`]).
     pub fn scope(&self) -> &'static str {
         self.scope

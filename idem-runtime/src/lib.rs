@@ -88,6 +88,7 @@ mod key;
 pub mod observe;
 mod operator;
 pub mod options;
+pub mod recover;
 mod runtime;
 pub mod store;
 pub mod strategy;

@@ -90,6 +90,11 @@ pub const STORE_SECONDS: &str = "idem_store_seconds";
 pub const WAIT_SECONDS: &str = "idem_wait_seconds";
 /// Counter of durable steps: labels `function`, `outcome` (`ran`, `replayed`, `verified`).
 pub const STEPS_TOTAL: &str = "idem_steps_total";
+/// Counter: abandoned calls a recoverer ran, by `function` and `outcome` (`recovered`,
+/// `failed`, `parked`, `unknown`).
+pub const RECOVERED_TOTAL: &str = "idem_recovered_total";
+/// Gauge: calls found due for recovery by the last sweep, by `namespace`.
+pub const RECOVERY_WAITING: &str = "idem_recovery_waiting";
 /// The name of the span each durable step runs in.
 pub const STEP_SPAN: &str = "idem_step";
 
@@ -344,6 +349,14 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         STEPS_TOTAL,
         "Durable steps, by function and outcome (ran, replayed, verified)."
+    );
+    metrics::describe_counter!(
+        RECOVERED_TOTAL,
+        "Abandoned calls run by a recoverer, by function and outcome."
+    );
+    metrics::describe_gauge!(
+        RECOVERY_WAITING,
+        "Calls found due for recovery by the last sweep, by namespace."
     );
     metrics::describe_histogram!(
         WAIT_SECONDS,

@@ -100,3 +100,38 @@ pub const fn replayable_ok<T: ReplayableOk<M>, E, M>(_: Returns<T, E>) {}
 /// Asserts that the error type can be stored and replayed (`cache_err = true`).
 #[inline(always)]
 pub const fn replayable_err<T, E: ReplayableErr<M>, M>(_: Returns<T, E>) {}
+
+/// `A: Serialize + DeserializeOwned`, for an argument of a function marked `recover`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded for recovery: a function marked `recover` keeps \
+               its arguments with its claim, so each must be `Serialize + DeserializeOwned` \
+               (a `&T` is recorded as `T`)",
+    label = "not `Serialize + DeserializeOwned`",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for it; or, if it is a \
+            dependency (a pool, a client) rather than data, name it in `context = [...]` \
+            and give the recoverer a value of its type with `Recoverer::provide`"
+)]
+pub trait Recorded<M>: Serialize + DeserializeOwned {}
+
+impl<A: Serialize + DeserializeOwned> Recorded<Serde> for A {}
+impl<A: Unreplayable> Recorded<Never> for A {}
+
+/// Asserts that an argument of a `recover` function can be recorded (`A` is the
+/// argument's type with a reference removed).
+#[inline(always)]
+pub const fn recorded<A: Recorded<M>, M>(_: PhantomData<A>) {}
+
+/// `E: Display`, so a recovered call's error can be logged and kept.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be reported: a recoverer logs the error of a call it ran, so a \
+               function marked `recover` needs an error type that is `Display`",
+    label = "not `Display`",
+    note = "implement `std::fmt::Display` for it (thiserror's `#[error(...)]` does)"
+)]
+pub trait Reported: std::fmt::Display {}
+
+impl<E: std::fmt::Display> Reported for E {}
+
+/// Asserts that the error type can be reported by a recoverer.
+#[inline(always)]
+pub const fn reported<T, E: Reported>(_: Returns<T, E>) {}

@@ -69,6 +69,29 @@ where
     dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, reuse, body)
 }
 
+/// Dedup of a function marked `recover`: `args` are its arguments as recorded with the
+/// claim (an `Err`: they did not serialize, and the call fails with it before claiming).
+pub fn dedup_recoverable<C, T, E, F>(
+    rt: Current,
+    opts: &'static Options,
+    key: Key,
+    fp: Option<Fingerprint>,
+    args: Result<bytes::Bytes, Error>,
+    reuse: Option<CloneReplay<T>>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    debug_assert_eq!(opts.strategy, Strategy::Dedup);
+    async move {
+        let args = args.map_err(E::from)?;
+        dedup::run_recoverable::<C, T, E, F>(rt, opts, key, fp, args, reuse, body).await
+    }
+}
+
 /// A replay answered on the spot from a decoded value kept beside the record by an
 /// in-process store (see [`CloneReplay`]), before any claim or future is built.
 /// `None`: take the normal path (which decodes, and keeps the value for next time).

@@ -15,13 +15,20 @@ mod entry;
 mod no_sql;
 mod probe;
 
+pub use crate::recover::{Context, Ran, Recoverable, decode_args, encode_args, ran};
+pub use crate::store::BoxFuture;
 pub use bounds::{
-    CarriesIdemErrors, Fingerprinted, ReplayableErr, ReplayableOk, Returns, carries_idem_errors,
-    fingerprinted, replayable_err, replayable_ok,
+    CarriesIdemErrors, Fingerprinted, Recorded, ReplayableErr, ReplayableOk, Reported, Returns,
+    carries_idem_errors, fingerprinted, recorded, replayable_err, replayable_ok, reported,
 };
+pub use bytes::Bytes;
 pub use entry::{
-    GivenRuntime, current, dedup, given, lock, replay_now, retry_policy, token, transition, tx_span,
+    GivenRuntime, current, dedup, dedup_recoverable, given, lock, replay_now, retry_policy, token,
+    transition, tx_span,
 };
+pub use inventory::submit;
+pub use std::any::TypeId;
+pub use std::sync::Arc;
 
 pub use crate::codec::{NoReplay, NoReplayResult, ReplayOk, ReplayResult};
 pub use crate::fingerprint::FingerprintBuilder;

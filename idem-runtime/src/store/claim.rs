@@ -90,6 +90,10 @@ pub struct ClaimRequest {
     /// Stored with a new claim and returned with existing records, so the caller can
     /// detect a payload mismatch.
     pub fingerprint: Option<Fingerprint>,
+    /// A recoverable dedup claim: the call's arguments, recorded with the claim in the
+    /// same atomic step (see [`RecoveryStore`](super::RecoveryStore)). Only set for a
+    /// store with a recovery index.
+    pub recover: Option<super::Recover>,
 }
 
 impl ClaimRequest {
@@ -100,7 +104,14 @@ impl ClaimRequest {
             owner,
             lease,
             fingerprint: None,
+            recover: None,
         }
+    }
+
+    /// Recoverable: with the call's arguments (see [`ClaimRequest::recover`]).
+    pub fn with_recover(mut self, recover: Option<super::Recover>) -> Self {
+        self.recover = recover;
+        self
     }
 
     /// With a payload fingerprint.

@@ -19,7 +19,9 @@
 //! - [`Store::blooms`] → [`BloomStore`]: Bloom bitmaps;
 //! - [`Store::transactional`] → [`TransactionalStore`]: claims inside a database
 //!   transaction (transactional mode);
-//! - [`Store::journal`] → [`JournalStore`]: step journals (durable steps), see [`journal`].
+//! - [`Store::journal`] → [`JournalStore`]: step journals (durable steps), see [`journal`];
+//! - [`Store::recovery`] → [`RecoveryStore`]: the index of calls a recoverer finishes,
+//!   see [`recovery`].
 //!
 //! A strategy that needs a capability the store lacks answers [`Error::Unsupported`].
 
@@ -37,6 +39,7 @@ pub mod journal;
 mod local;
 mod local_blooms;
 pub mod memory;
+pub mod recovery;
 mod toolbox;
 mod transaction;
 mod unreachable;
@@ -45,6 +48,7 @@ pub use claim::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Subscription};
 pub use inspection::{RecordCount, RecordCounts, RecordInfo, RecordState};
 pub use journal::{Journal, JournalEntry, JournalStore, StepInfo};
 pub use local::{LocalStore, Memo};
+pub use recovery::{Due, Recover, RecoverableCall, RecoveryStore, Taken};
 pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
     VersionedStore,
@@ -202,6 +206,13 @@ pub trait Store: Send + Sync + 'static {
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         None
     }
+
+    /// The recovery index, if this store keeps the arguments of recoverable calls (see
+    /// [`recovery`]). Default: `None`; calls marked `recover` then run as plain calls
+    /// and a recoverer refuses to start.
+    fn recovery(&self) -> Option<&dyn RecoveryStore> {
+        None
+    }
 }
 
 /// Forwards every method and every capability accessor: a shared store is the same store.
@@ -269,6 +280,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         (**self).transactional()
     }
+    fn recovery(&self) -> Option<&dyn RecoveryStore> {
+        (**self).recovery()
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +305,7 @@ mod tests {
             assert!(s.states().is_some());
             assert!(s.blooms().is_some());
             assert!(s.journal().is_some());
+            assert!(s.recovery().is_some());
             assert_eq!(s.name(), "memory");
         }
     }

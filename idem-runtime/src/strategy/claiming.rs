@@ -378,6 +378,9 @@ pub(crate) struct ClaimGuard {
     key: Key,
     owner: Owner,
     armed: bool,
+    /// A recoverable call's claim: a drop abandons it (a recoverer finishes it) rather
+    /// than releasing it (see [`RecoveryStore::abandon`](crate::store::RecoveryStore)).
+    recoverable: bool,
 }
 
 impl ClaimGuard {
@@ -387,7 +390,14 @@ impl ClaimGuard {
             key,
             owner,
             armed: true,
+            recoverable: false,
         }
+    }
+
+    /// The guard of a recoverable claim: dropped armed, it abandons the call.
+    pub(crate) fn recoverable(mut self, recoverable: bool) -> Self {
+        self.recoverable = recoverable;
+        self
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -412,12 +422,17 @@ impl ClaimGuard {
     /// continues on a spawned task.
     fn release(&self, after: Option<Arc<tokio::sync::RwLock<()>>>) {
         let (store, key, owner) = (self.store.clone(), self.key, self.owner);
+        let abandon = self.recoverable;
         let mut release: BoxFuture<'static, ()> = Box::pin(async move {
             let _all = match after {
                 Some(writes) => Some(writes.write_owned().await),
                 None => None,
             };
-            if let Err(e) = store.release(&key, owner).await {
+            let given_back = match store.recovery().filter(|_| abandon) {
+                Some(recovery) => recovery.abandon(&key, owner).await,
+                None => store.release(&key, owner).await,
+            };
+            if let Err(e) = given_back {
                 tracing::warn!(%key, error = %e, "releasing a cancelled claim failed; it ends with its lease");
             }
         });

@@ -22,7 +22,7 @@ use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Outcome};
 use crate::options::OnDuplicate;
-use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Memo, Owner, Store};
+use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Memo, Owner, Recover, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
 use std::fmt;
 
@@ -50,7 +50,34 @@ where
     observe::instrument(
         opts,
         &key,
-        call::<C, T, E, F>(idem, opts, kind, key, fingerprint, reuse, body),
+        call::<C, T, E, F>(idem, opts, kind, key, fingerprint, None, reuse, body),
+    )
+}
+
+/// [`run`] for a recoverable dedup call: `args` (the call's encoded arguments) are
+/// recorded with the claim, on a store with a recovery index, so that a recoverer can
+/// finish the call if its caller never does (see [`crate::recover`]).
+#[allow(clippy::too_many_arguments)] // `run`'s, and the arguments
+pub(crate) fn run_recoverable<C, T, E, F>(
+    idem: impl Deref<Target = Idem>,
+    opts: &Options,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    args: Bytes,
+    reuse: Option<CloneReplay<T>>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: Codec<T, E>,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let kind = ClaimKind::Dedup;
+    let recover = Some(args);
+    observe::instrument(
+        opts,
+        &key,
+        call::<C, T, E, F>(idem, opts, kind, key, fingerprint, recover, reuse, body),
     )
 }
 
@@ -64,12 +91,14 @@ where
 /// block holds each argument once, where the function's future held it twice (as
 /// passed, and as the local it is moved into).
 #[allow(clippy::manual_async_fn)] // see above: the block is the point
+#[allow(clippy::too_many_arguments)] // what a call is, each once
 fn call<C, T, E, F>(
     idem: impl Deref<Target = Idem>,
     opts: &Options,
     kind: ClaimKind,
     key: Key,
     fingerprint: Option<Fingerprint>,
+    recover: Option<Bytes>,
     reuse: Option<CloneReplay<T>>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
@@ -84,8 +113,15 @@ where
             return Err(e.into());
         }
         let owner = Owner::next();
+        // Recorded only where a recoverer can find it.
+        let recover = recover
+            .filter(|_| idem.store().recovery().is_some())
+            .map(|args| Recover::new(args, opts.ttl));
+        let recoverable = recover.is_some();
         let claimed = {
-            let req = ClaimRequest::new(kind, owner, opts.lease).with_fingerprint(fingerprint);
+            let req = ClaimRequest::new(kind, owner, opts.lease)
+                .with_fingerprint(fingerprint)
+                .with_recover(recover);
             claim_memo(idem.store(), &key, &req, opts.wait).await
         };
         let (claimed, journal) = take_journal(claimed);
@@ -94,7 +130,7 @@ where
         {
             return answered;
         }
-        run_claimed::<C, T, E, F>(&idem, opts, key, owner, journal, body).await
+        run_claimed::<C, T, E, F>(&idem, opts, key, owner, journal, recoverable, body).await
     }
 }
 
@@ -189,6 +225,7 @@ fn run_claimed<C, T, E, F>(
     key: Key,
     owner: Owner,
     journal: Option<crate::store::Journal>,
+    recoverable: bool,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
@@ -202,7 +239,7 @@ where
         // body stopped before its end, and a retry must be able to run it. The guard
         // lives in the body's step frame, so the release waits for the journal writes
         // still in flight.
-        let guard = ClaimGuard::new(store.clone(), key, owner);
+        let guard = ClaimGuard::new(store.clone(), key, owner).recoverable(recoverable);
         let steps = StepFrame::new(
             key,
             guard,

@@ -137,6 +137,12 @@ macro_rules! __conformance_cases {
             step_edges::stale_holder_runs_no_later_step,
             step_edges::in_call_retries_replay_or_run_once,
             step_edges::journal_outlives_a_slow_failure,
+            recovery::recovery_finishes_a_dropped_call,
+            recovery::recovery_takes_over_an_expired_lease,
+            recovery::two_recoverers_never_run_one_call_twice,
+            recovery::an_err_is_not_recovered,
+            recovery::an_unknown_function_is_left_alone,
+            recovery::the_last_attempt_parks_the_call,
         }
     };
 }

@@ -53,6 +53,7 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(key);
         shard.journals.drop_journal(key);
+        shard.pending.finished(key);
         if shard.live(key, now).is_none() {
             return false;
         }

@@ -2,6 +2,7 @@
 
 mod inspection;
 mod journal;
+mod recovery;
 mod toolbox;
 
 use std::any::Any;
@@ -72,6 +73,8 @@ struct Shard {
     /// a claim reads one and a step writes one in the same critical section as the
     /// record's owner check; they outlive a release or an expired lease.
     journals: journal::Journals,
+    /// Recoverable calls' arguments, beside their records for the same reason.
+    pending: recovery::Pending,
 }
 
 struct Entry {
@@ -258,6 +261,9 @@ impl MemoryStore {
         if req.kind == ClaimKind::Lock {
             return (ClaimOutcome::Claimed { fence }, None);
         }
+        if let Some(recover) = &req.recover {
+            shard.pending.claimed(key, recover, lease_until, now);
+        }
         (shard.claimed(key, now), None)
     }
 
@@ -277,6 +283,7 @@ impl MemoryStore {
                 e.expires_at = now + ttl;
                 e.wake();
                 shard.journals.drop_journal(key);
+                shard.pending.finished(key);
                 true
             }
             _ => false,
@@ -284,6 +291,12 @@ impl MemoryStore {
     }
 
     fn release_now(&self, key: &Key, owner: Owner) -> bool {
+        self.give_back(key, owner, false)
+    }
+
+    /// Releases `owner`'s claim; `abandoned`: a dropped call's, which a recoverer finishes
+    /// (its arguments stay, due now), where a released one is not recovered.
+    fn give_back(&self, key: &Key, owner: Owner, abandoned: bool) -> bool {
         let now = Instant::now();
         let mut shard = self.shard(key);
         let Some(e) = shard.live(key, now) else {
@@ -305,6 +318,11 @@ impl MemoryStore {
                     _ => {
                         shard.map.remove(key.digest());
                     }
+                }
+                if abandoned {
+                    shard.pending.abandoned(key, now);
+                } else {
+                    shard.pending.finished(key);
                 }
                 true
             }
@@ -391,6 +409,7 @@ impl Shard {
         self.map.retain(|_, e| e.expires_at > now);
         self.swept_at = self.map.len();
         self.journals.sweep(now);
+        self.pending.sweep(now);
     }
 }
 
@@ -539,6 +558,10 @@ impl Store for MemoryStore {
     }
 
     fn local(&self) -> Option<&dyn LocalStore> {
+        Some(self)
+    }
+
+    fn recovery(&self) -> Option<&dyn super::RecoveryStore> {
         Some(self)
     }
 }

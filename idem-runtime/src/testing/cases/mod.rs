@@ -7,6 +7,7 @@ mod dedup;
 mod inspect;
 mod lease;
 mod lock;
+mod recovery;
 mod step_edges;
 mod steps;
 mod token;
