@@ -1,0 +1,28 @@
+use idem_runtime::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idem_runtime::Error> for AppError {
+    fn from(_: idem_runtime::Error) -> Self {
+        AppError
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("app error")
+    }
+}
+
+struct Shop;
+
+impl Shop {
+    #[idempotent(key = "charge:{order}", recover)]
+    async fn charge(&self, order: u64) -> Result<(), AppError> {
+        let _ = order;
+        Ok(())
+    }
+}
+
+fn main() {}
