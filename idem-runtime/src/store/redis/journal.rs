@@ -57,12 +57,18 @@ fn parse_journal(key: &Key, reply: Value) -> Result<Journal, Error> {
     };
     pairs
         .into_iter()
-        .filter(|(name, _)| !matches!(name, Value::BulkString(n) if n == FINGERPRINT_FIELD))
+        .filter(|(name, _)| !matches!(name, Value::BulkString(n) if reserved(n)))
         .map(|pair| match pair {
             (Value::BulkString(name), Value::BulkString(entry)) => entry_of(key, name, entry),
             other => Err(corrupt(key, format!("unexpected journal entry {other:?}"))),
         })
         .collect()
+}
+
+/// A journal field that is no step: one byte from 0xFC up, never valid UTF-8 (the
+/// fingerprint, and a recoverable call's arguments, attempts and parking error).
+fn reserved(name: &[u8]) -> bool {
+    matches!(name, [b] if *b >= 0xFC) || name == FINGERPRINT_FIELD
 }
 
 /// `d` or `i`, 15 decimal digits of ms, the value.

@@ -84,6 +84,7 @@ mod inspection;
 mod journal;
 mod notify;
 mod record;
+mod recovery;
 mod replicas;
 mod reply;
 #[cfg(feature = "redis-sentinel")]

@@ -54,6 +54,28 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Releases `owner`'s claim; `abandon`: a dropped call's, which stays due for
+    /// recovery if it is recoverable, where a released one leaves the index.
+    pub(super) async fn give_back(
+        &self,
+        key: &Key,
+        owner: Owner,
+        abandon: bool,
+    ) -> Result<bool, Error> {
+        let names = self.name_with(key, STEPS);
+        let index = self.index_of(key);
+        let mut cmd = evalsha(&RELEASE, 2 + index.is_some() as usize);
+        cmd.arg(&names[..names.len() - STEPS.len()])
+            .arg(&names)
+            .arg(index)
+            .arg(&owner.0.to_be_bytes()[..])
+            .arg(self.inner.notifier.channel())
+            .arg(if abandon { "a" } else { "-" });
+        self.eval_bool(key, &RELEASE, cmd).await
+    }
+}
+
 impl Store for RedisStore {
     fn claim<'a>(
         &'a self,
@@ -66,6 +88,26 @@ impl Store for RedisStore {
             let lease = ceil_millis(req.lease);
             let channel = self.inner.notifier.channel();
             match req.kind {
+                ClaimKind::Dedup if req.recover.is_some() => {
+                    // Recoverable: the arguments go with the claim, so the script runs
+                    // even for a free key (see recovery.rs).
+                    let recover = req
+                        .recover
+                        .as_ref()
+                        .map_or((&[][..], 0), |r| (r.args.as_ref(), ceil_millis(r.ttl)));
+                    let names = self.name_with(key, STEPS);
+                    let rec = &names[..names.len() - STEPS.len()];
+                    let mut cmd = evalsha(&CLAIM, 3);
+                    cmd.arg(rec)
+                        .arg(&names)
+                        .arg(self.index_name(key.namespace()))
+                        .arg(record)
+                        .arg(lease)
+                        .arg(channel)
+                        .arg(recover.0)
+                        .arg(recover.1);
+                    self.claim_acked(key, cmd).await
+                }
                 ClaimKind::Dedup => {
                     // One allocation for both names: the record's, then its journal's.
                     let names = self.name_with(key, STEPS);
@@ -134,9 +176,11 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let names = self.name_with(key, STEPS);
-            let mut cmd = evalsha(&COMPLETE, 2);
+            let index = self.index_of(key);
+            let mut cmd = evalsha(&COMPLETE, 2 + index.is_some() as usize);
             cmd.arg(&names[..names.len() - STEPS.len()])
                 .arg(&names)
+                .arg(index)
                 .arg(&owner.0.to_be_bytes()[..])
                 .arg(value.as_ref())
                 .arg(ceil_millis(ttl))
@@ -146,13 +190,7 @@ impl Store for RedisStore {
     }
 
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let mut cmd = evalsha(&RELEASE, 1);
-            cmd.arg(self.record_name(key))
-                .arg(&owner.0.to_be_bytes()[..])
-                .arg(self.inner.notifier.channel());
-            self.eval_bool(key, &RELEASE, cmd).await
-        })
+        Box::pin(self.give_back(key, owner, false))
     }
 
     fn renew<'a>(
@@ -239,5 +277,10 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn recovery(&self) -> Option<&dyn crate::store::RecoveryStore> {
+        // Not on a Cluster yet (see recovery.rs).
+        (!self.is_cluster()).then_some(self as &dyn crate::store::RecoveryStore)
     }
 }

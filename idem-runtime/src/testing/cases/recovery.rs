@@ -66,13 +66,35 @@ fn recoverer(idem: &Idem, effects: &Arc<[AtomicUsize; 3]>) -> crate::recover::Re
 /// Drops the call of order `id` right after its charge returned.
 async fn drop_after_charge(idem: &Idem, id: &str, effects: &Arc<[AtomicUsize; 3]>) {
     let stop = Arc::new(Notify::new());
-    let call = idem.dedup_recoverable(&RECOVER, id, id, order(effects.clone(), Some(stop.clone())));
-    tokio::pin!(call);
-    tokio::select! {
-        biased;
-        _ = &mut call => panic!("the call ended before it was dropped"),
-        _ = stop.notified() => {}
+    {
+        let call =
+            idem.dedup_recoverable(&RECOVER, id, id, order(effects.clone(), Some(stop.clone())));
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            _ = &mut call => panic!("the call ended before it was dropped"),
+            _ = stop.notified() => {}
+        }
     }
+    // A remote store gives the claim back on a task of its own: wait until it has.
+    let key = idem.key(&RECOVER, format_args!("{id}"));
+    for _ in 0..500 {
+        let calls = idem
+            .store()
+            .recovery()
+            .unwrap()
+            .list(Some(idem.namespace()), 1000)
+            .await
+            .unwrap();
+        if calls
+            .iter()
+            .any(|c| c.digest == *key.digest() && c.abandoned)
+        {
+            return;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    panic!("the dropped call of {id} was never given back");
 }
 
 fn counts(effects: &[AtomicUsize; 3]) -> [usize; 3] {

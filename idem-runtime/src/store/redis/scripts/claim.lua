@@ -15,6 +15,11 @@
 --          | {3, record} completed (the caller parses the record) | {4} missing token
 --          | {5, fingerprint} not claimed: the journal was written for another payload
 --          | {0, reason} corrupt.
+-- A recoverable dedup claim (see recovery.rs) also has KEYS[3] (the namespace's
+-- recovery index), ARGV[4] (the call's arguments) and ARGV[5] (their ttl in ms): the
+-- record it takes is stepped at once (it outlives its lease, for a recoverer to find),
+-- its journal keeps the arguments under the field 0xFE, and the index gets the record
+-- at its lease deadline.
 local rec, claim, lease = KEYS[1], ARGV[1], ARGV[2]
 -- Bytes as numbers: 112 'p', 99 'c', 105 'i', 45 '-', 119 'w', 100 'd', 108 'l',
 -- 115 's', 116 't'.
@@ -54,6 +59,23 @@ end
 if not v then
   if kind == 116 then
     return {4}
+  end
+  if ARGV[4] then
+    -- A recoverable claim of a free key (its record would have a journal otherwise).
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local ld = now + tonumber(lease)
+    redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015.0f', ld),
+      'PXAT', string.format('%.0f', math.max(ld, now + tonumber(ARGV[5]))))
+    redis.call('DEL', KEYS[2])
+    if #claim == 35 then
+      redis.call('HSET', KEYS[2], '\254', ARGV[4], '\255', string.sub(claim, 20, 35))
+    else
+      redis.call('HSET', KEYS[2], '\254', ARGV[4])
+    end
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    redis.call('ZADD', KEYS[3], ld, rec)
+    return 0
   end
   -- A dedup claim whose record vanished since its SET NX GET (a lock never gets here:
   -- its SET NX GET has just set the key). A stepped record lives as long as its
@@ -121,6 +143,18 @@ local function take_stepped(w, now)
   end
   local ld = now + tonumber(lease)
   local left = redis.call('PTTL', rec)
+  if ARGV[4] then
+    -- Recoverable: the arguments are this claim's, the record and journal live at
+    -- least their ttl, and the index has the record at its new lease deadline. A
+    -- parked call taken by a caller is in flight again.
+    left = math.max(left, tonumber(ARGV[5]))
+    redis.call('HSET', KEYS[2], '\254', ARGV[4])
+    redis.call('HDEL', KEYS[2], '\252')
+    if redis.call('PTTL', KEYS[2]) < left then
+      redis.call('PEXPIRE', KEYS[2], left)
+    end
+    redis.call('ZADD', KEYS[3], ld, rec)
+  end
   redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015.0f', ld),
     'PXAT', string.format('%.0f', math.max(ld, now + left)))
   if w == 119 then

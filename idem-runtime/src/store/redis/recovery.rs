@@ -1,0 +1,168 @@
+//! The recovery index (see [`crate::store::recovery`]): one sorted set per namespace,
+//! `{prefix}{namespace}:recover`, of record names scored by when each call may be
+//! abandoned (its lease deadline; 0 once a dropped call gave it back; a score no clock
+//! reaches once parked). A recoverable call's arguments, attempts and parking error are
+//! fields of its journal (`0xFE`, `0xFD`, `0xFC`: never step names), so they live and
+//! die with it. The scripts that claim, complete and release keep the index, in the
+//! same round trip; a call without `recover` only ever has its record's name removed
+//! from it by a completion, which finds nothing.
+//!
+//! Renewals leave the index alone: a score is the earliest the call may be abandoned,
+//! and [`take`](RecoveryStore::take) moves a call still held to its real deadline.
+//!
+//! Not on a Cluster yet: a script may only touch keys of its record's slot, so the index
+//! would have to be split per slot (and walked by a cursor); there, calls marked
+//! `recover` run as plain calls and a recoverer refuses to start.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::RedisStore;
+use super::journal::STEPS;
+use super::record::{ceil_millis, corrupt, evalsha};
+use crate::store::{BoxFuture, Due, Owner, RecoverableCall, RecoveryStore, Taken};
+use crate::{Error, Key};
+
+/// The suffix of a namespace's recovery index after `{prefix}{namespace}`.
+pub(super) const INDEX: &str = ":recover";
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/take.lua")));
+static PARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/park.lua")));
+static DUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/due.lua")));
+static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/list.lua")));
+
+impl RedisStore {
+    /// The recovery index of `namespace`.
+    pub(super) fn index_name(&self, namespace: &str) -> String {
+        let mut s = String::with_capacity(self.inner.prefix.len() + namespace.len() + INDEX.len());
+        s.push_str(&self.inner.prefix);
+        s.push_str(namespace);
+        s.push_str(INDEX);
+        s
+    }
+
+    /// The recovery index `key`'s scripts keep: none on a Cluster (see above).
+    pub(super) fn index_of(&self, key: &Key) -> Option<String> {
+        (!self.is_cluster()).then(|| self.index_name(key.namespace()))
+    }
+
+    /// Record, journal and index names of `key`, the script's three keys.
+    fn three(&self, key: &Key) -> (String, String) {
+        (self.name_with(key, STEPS), self.index_name(key.namespace()))
+    }
+
+    /// The scope and digest of a record name in `namespace`'s index.
+    fn parse_member(&self, namespace: &str, member: &[u8]) -> Option<Due> {
+        let s = std::str::from_utf8(member).ok()?;
+        let rest = s
+            .strip_prefix(self.inner.prefix.as_str())?
+            .strip_prefix(namespace)?
+            .strip_prefix(':')?;
+        // `{scope}:{<32 hex digits>}`
+        let (scope, tag) = rest.split_at_checked(rest.len().checked_sub(35)?)?;
+        let hex = tag.strip_prefix(":{")?.strip_suffix('}')?;
+        let mut digest = [0u8; 16];
+        for (i, d) in digest.iter_mut().enumerate() {
+            *d = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Due::new(scope, digest))
+    }
+}
+
+impl RecoveryStore for RedisStore {
+    fn abandon<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(self.give_back(key, owner, true))
+    }
+
+    fn due<'a>(
+        &'a self,
+        namespace: &'a str,
+        limit: usize,
+        _cursor: u64,
+    ) -> BoxFuture<'a, Result<(Vec<Due>, u64), Error>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&DUE, 1);
+            cmd.arg(self.index_name(namespace)).arg(limit);
+            let members: Vec<Vec<u8>> =
+                redis::from_redis_value(self.eval(&DUE, cmd).await?).map_err(Error::store)?;
+            let due = members
+                .iter()
+                .filter_map(|m| self.parse_member(namespace, m))
+                .collect();
+            Ok((due, 0))
+        })
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a Key,
+        backoff: Duration,
+    ) -> BoxFuture<'a, Result<Option<Taken>, Error>> {
+        Box::pin(async move {
+            let (names, index) = self.three(key);
+            let mut cmd = evalsha(&TAKE, 3);
+            cmd.arg(&names[..names.len() - STEPS.len()])
+                .arg(&names)
+                .arg(&index)
+                .arg(ceil_millis(backoff));
+            match self.eval(&TAKE, cmd).await? {
+                Value::Nil => Ok(None),
+                Value::Array(items) => match <[Value; 2]>::try_from(items) {
+                    Ok([Value::BulkString(args), Value::Int(n)]) => Ok(Some(Taken::new(
+                        args.into(),
+                        u32::try_from(n).unwrap_or(u32::MAX),
+                    ))),
+                    other => Err(corrupt(key, format!("unexpected take reply {other:?}"))),
+                },
+                other => Err(corrupt(key, format!("unexpected take reply {other:?}"))),
+            }
+        })
+    }
+
+    fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let (names, index) = self.three(key);
+            let mut cmd = evalsha(&PARK, 3);
+            cmd.arg(&names[..names.len() - STEPS.len()])
+                .arg(&names)
+                .arg(&index)
+                .arg(error);
+            self.eval_bool(key, &PARK, cmd).await
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
+        Box::pin(async move {
+            let Some(namespace) = namespace else {
+                return Err(Error::Unsupported(
+                    "listing recoverable calls on Redis needs a namespace",
+                ));
+            };
+            let mut cmd = evalsha(&LIST, 1);
+            cmd.arg(self.index_name(namespace)).arg(limit).arg(STEPS);
+            let rows: Vec<(Vec<u8>, u64, u32, Option<String>, u8)> =
+                redis::from_redis_value(self.eval(&LIST, cmd).await?).map_err(Error::store)?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(member, overdue, attempts, parked, held)| {
+                    let due = self.parse_member(namespace, &member)?;
+                    Some(RecoverableCall {
+                        namespace: namespace.to_owned(),
+                        scope: due.scope,
+                        digest: due.digest,
+                        attempts,
+                        parked,
+                        overdue: Duration::from_millis(overdue),
+                        abandoned: held == 0,
+                    })
+                })
+                .collect())
+        })
+    }
+}
