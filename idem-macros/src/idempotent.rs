@@ -305,35 +305,14 @@ fn build(given: Given, key_failed: bool) -> syn::Result<Option<Config>> {
             no_record,
         );
     }
-    if let Some(arg) = given.recover.as_ref().filter(|a| a.value.0) {
-        match strategy {
-            Strategy::Dedup => {}
-            Strategy::Lock => errors.push(syn::Error::new(
-                arg.name,
-                "`recover` does not apply to strategy = \"lock\": a lock keeps no record \
-                 of the call to resume; use strategy = \"dedup\" (the default)",
-            )),
-            Strategy::Token => errors.push(syn::Error::new(
-                arg.name,
-                "`recover` applies to strategy = \"dedup\" only: a token's call belongs \
-                 to the client holding the token, which retries it",
-            )),
-        }
-        if let Some(tx) = &given.transaction {
-            errors.push(syn::Error::new(
-                tx.name,
-                "`transaction` does not apply with `recover`: a recoverer has no \
-                 transaction of the caller's to run in; write the transactional work as a \
-                 `step_tx` inside the body instead",
-            ));
-        }
-    } else if let Some(arg) = &given.context {
-        errors.push(syn::Error::new(
-            arg.name,
-            "`context` names the arguments a recoverer provides, so it needs `recover`; \
-             add `recover`, or remove `context`",
-        ));
-    }
+    crate::recover::check_options(
+        given.recover.as_ref().filter(|a| a.value.0).map(|a| a.name),
+        strategy == Strategy::Dedup,
+        strategy == Strategy::Lock,
+        given.transaction.as_ref().map(|a| a.name),
+        given.context.as_ref().map(|a| a.name),
+        &mut errors,
+    );
     if let Some(arg) = &given.transaction {
         if strategy != Strategy::Dedup {
             errors.push(syn::Error::new(

@@ -192,3 +192,46 @@ fn owned(ty: &Type) -> TokenStream {
         other => quote!(#other),
     }
 }
+
+/// The rules between `recover` and the other options: dedup only, no `transaction`, and
+/// `context` only with `recover`. Each is reported at the option's name.
+pub(crate) fn check_options(
+    recover: Option<Span>,
+    dedup: bool,
+    lock: bool,
+    transaction: Option<Span>,
+    context: Option<Span>,
+    errors: &mut Errors,
+) {
+    let Some(at) = recover else {
+        if let Some(context) = context {
+            errors.push(syn::Error::new(
+                context,
+                "`context` names the arguments a recoverer provides, so it needs `recover`; \
+                 add `recover`, or remove `context`",
+            ));
+        }
+        return;
+    };
+    if lock {
+        errors.push(syn::Error::new(
+            at,
+            "`recover` does not apply to strategy = \"lock\": a lock keeps no record of the \
+             call to resume; use strategy = \"dedup\" (the default)",
+        ));
+    } else if !dedup {
+        errors.push(syn::Error::new(
+            at,
+            "`recover` applies to strategy = \"dedup\" only: a token's call belongs to the \
+             client holding the token, which retries it",
+        ));
+    }
+    if let Some(tx) = transaction {
+        errors.push(syn::Error::new(
+            tx,
+            "`transaction` does not apply with `recover`: a recoverer has no transaction of \
+             the caller's to run in; write the transactional work as a `step_tx` inside the \
+             body instead",
+        ));
+    }
+}

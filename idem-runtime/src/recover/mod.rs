@@ -39,7 +39,6 @@
 
 mod registry;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -225,7 +224,7 @@ impl Recoverer {
             ));
         }
         let ns = self.idem.namespace();
-        let (mut known, lacking) = registry::linked(|_| true, &self.context);
+        let (mut known, lacking) = registry::linked(&self.context);
         for (scope, ty) in lacking {
             tracing::warn!(
                 function = scope,
@@ -314,7 +313,7 @@ impl Counts {
 struct Running {
     idem: Idem,
     namespace: &'static str,
-    known: HashMap<&'static str, (registry::Entry, &'static Options)>,
+    known: registry::Known,
     context: Arc<registry::Context>,
     interval: Duration,
     limit: Arc<Semaphore>,

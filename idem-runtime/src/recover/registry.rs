@@ -90,21 +90,15 @@ inventory::collect!(Recoverable);
 /// A function the recoverer knows: what runs one attempt from the recorded arguments.
 pub(crate) type Entry = Arc<dyn Fn(Bytes, Arc<Context>) -> BoxFuture<'static, Ran> + Send + Sync>;
 
+/// The functions a recoverer knows, by scope, with their options.
+pub(crate) type Known = HashMap<&'static str, (Entry, &'static Options)>;
+
 /// Every function marked `recover` in this binary, by scope, whose context `context`
 /// can supply; the others are returned with the first type they lack.
-pub(crate) fn linked(
-    namespace_ok: impl Fn(&Options) -> bool,
-    context: &Context,
-) -> (
-    HashMap<&'static str, (Entry, &'static Options)>,
-    Vec<(&'static str, &'static str)>,
-) {
+pub(crate) fn linked(context: &Context) -> (Known, Vec<(&'static str, &'static str)>) {
     let mut known = HashMap::new();
     let mut lacking = Vec::new();
     for r in inventory::iter::<Recoverable> {
-        if !namespace_ok(r.options) {
-            continue;
-        }
         if let Some((_, name)) = r.needs.iter().find(|(ty, _)| !context.has(ty())) {
             lacking.push((r.options.scope(), *name));
             continue;

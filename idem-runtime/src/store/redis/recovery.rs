@@ -25,6 +25,9 @@ use super::record::{ceil_millis, corrupt, evalsha};
 use crate::store::{BoxFuture, Due, Owner, RecoverableCall, RecoveryStore, Taken};
 use crate::{Error, Key};
 
+/// A row of `list.lua`: member, ms overdue, attempts, why parked, held (1) or not.
+type Row = (Vec<u8>, u64, u32, Option<String>, u8);
+
 /// The suffix of a namespace's recovery index after `{prefix}{namespace}`.
 pub(super) const INDEX: &str = ":recover";
 
@@ -146,7 +149,7 @@ impl RecoveryStore for RedisStore {
             };
             let mut cmd = evalsha(&LIST, 1);
             cmd.arg(self.index_name(namespace)).arg(limit).arg(STEPS);
-            let rows: Vec<(Vec<u8>, u64, u32, Option<String>, u8)> =
+            let rows: Vec<Row> =
                 redis::from_redis_value(self.eval(&LIST, cmd).await?).map_err(Error::store)?;
             Ok(rows
                 .into_iter()

@@ -18,6 +18,7 @@ fn no_recovery(store: &Arc<dyn Store>, case: &str) -> bool {
     none
 }
 
+#[allow(clippy::manual_async_fn)] // `Send + 'static` spelled out: a recoverer spawns it
 /// A three-step order: charge, reserve, mail, each counted in `effects`; `stop` is
 /// notified once the charge has returned, so a caller can drop the call right there.
 fn order(
