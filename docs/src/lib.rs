@@ -31,6 +31,7 @@ pages! {
     "http.md" => Http,
     "operations.md" => Operations,
     "performance.md" => Performance,
+    "recovery.md" => Recovery,
     "steps.md" => Steps,
 }
 
