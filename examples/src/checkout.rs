@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run -p idem-examples --bin checkout -- --store URL --ledger postgres://... \
-//!     --orders N --run ID [--transactional] [--lease-ms MS]
+//!     --orders N --run ID [--transactional] [--lease-ms MS] [--recover-only]
 //! ```
 //!
 //! Orders `0..N` go through 8 workers. Each order is one idempotent call (key: the
@@ -32,10 +32,18 @@
 //! for (its claim ends with its lease, `--lease-ms`, default 2000) and resumed from its
 //! journal, running only the steps it had not finished.
 //!
+//! Each order is *recoverable* ([`Idem::dedup_recoverable`]): its id is recorded with
+//! its claim, and every run also runs a recoverer, which finishes the orders a killed
+//! run left half done (their claim's lease ran out) even if nobody submits them again.
+//! Two runs side by side finish each other's abandoned orders. `--recover-only` submits
+//! nothing and only recovers: it exits 0 once no order of this `--run` has been
+//! recoverable for twice the lease, every abandoned one completed (1 if one was parked,
+//! or after five minutes).
+//!
 //! Prints one `summary` line of `name=value` pairs (orders done, calls that ran or
-//! replayed, each step's ran/replayed counts) and exits 0 once every order completed;
-//! 1 if some order could not be completed; 2 for a bad command line or an unreachable
-//! store or ledger.
+//! replayed, each step's ran/replayed counts, orders recovered) and exits 0 once every
+//! order completed; 1 if some order could not be completed; 2 for a bad command line or
+//! an unreachable store or ledger.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,14 +55,16 @@ use idem_runtime::{Idem, Options, StepCtx, Verified, step, step_tx};
 use serde::{Deserialize, Serialize};
 
 const USAGE: &str = "usage: checkout --store URL --ledger postgres://... --orders N --run ID \
-[--transactional] [--lease-ms MS]
+[--transactional] [--lease-ms MS] [--recover-only]
   --store URL        where idem keeps records and step journals: memory, redis://..., postgres://...
   --ledger URL       the PostgreSQL database of the gateway, reservations and mails
   --orders N         orders 0..N
   --run ID           names this run: its rows in the ledger, its records in the store
   --transactional    reserve stock in one transaction with the step's journal entry
                      (--store must be the ledger's PostgreSQL)
-  --lease-ms MS      the claims' lease, how soon a killed run's orders resume (default 2000)";
+  --lease-ms MS      the claims' lease, how soon a killed run's orders resume (default 2000)
+  --recover-only     submit no orders: finish this run's abandoned ones, then exit
+                     (--orders may then be left out)";
 
 const RESERVE: &str = "INSERT INTO checkout_reservations (run_id, order_id) VALUES ($1, $2)";
 
@@ -71,11 +81,12 @@ struct Args {
     run: String,
     transactional: bool,
     lease: Duration,
+    recover_only: bool,
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let (mut store, mut ledger, mut orders, mut run) = (None, None, None, None);
-    let mut transactional = false;
+    let (mut transactional, mut recover_only) = (false, false);
     let mut lease_ms = 2000u64;
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -91,6 +102,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--run" => run = Some(value()?),
             "--transactional" => transactional = true,
+            "--recover-only" => recover_only = true,
             "--lease-ms" => {
                 let v = value()?;
                 lease_ms = v
@@ -105,10 +117,15 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let args = Args {
         store: need(store, "--store")?,
         ledger: need(ledger, "--ledger")?,
-        orders: orders.ok_or("--orders is required")?,
+        orders: match (orders, recover_only) {
+            (Some(n), _) => n,
+            (None, true) => 0,
+            (None, false) => return Err("--orders is required".into()),
+        },
         run: need(run, "--run")?,
         transactional,
         lease: Duration::from_millis(lease_ms),
+        recover_only,
     };
     if args.run.is_empty() || args.run.len() > 100 {
         return Err("--run takes a name of 1 to 100 characters".into());
@@ -205,7 +222,8 @@ impl StepTally {
 
 struct Checkout {
     idem: Idem,
-    opts: Options,
+    /// Static: a recoverer keeps the options of the functions it knows.
+    opts: &'static Options,
     ledger: PgPool,
     run: String,
     transactional: bool,
@@ -240,9 +258,28 @@ impl Checkout {
     /// The idempotent call: three durable steps, the whole receipt replayed once done.
     async fn checkout(&self, order: u64) -> Result<Receipt, CheckoutError> {
         let body_ran = AtomicBool::new(false);
-        let out = self
-            .idem
-            .dedup(&self.opts, order, async {
+        let out = self.call(order, &body_ran).await;
+        if out.is_ok() {
+            let counter = if body_ran.load(Ordering::Relaxed) {
+                &self.tally.bodies
+            } else {
+                &self.tally.replayed_orders
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// The same call made by the recoverer for an abandoned order: counted apart, as
+    /// `recovered` (by the recoverer), so the workers' counts still add up to the orders.
+    async fn recover(&self, order: u64) -> Result<Receipt, CheckoutError> {
+        self.call(order, &AtomicBool::new(false)).await
+    }
+
+    /// The order's recoverable call: its id is recorded with the claim.
+    async fn call(&self, order: u64, body_ran: &AtomicBool) -> Result<Receipt, CheckoutError> {
+        self.idem
+            .dedup_recoverable(self.opts, order, &order, async {
                 body_ran.store(true, Ordering::Relaxed);
                 let mut replayed = false;
                 let charge = self.charge_step(order, &mut replayed).await?;
@@ -257,16 +294,7 @@ impl Checkout {
                     mailed,
                 })
             })
-            .await;
-        if out.is_ok() {
-            let counter = if body_ran.load(Ordering::Relaxed) {
-                &self.tally.bodies
-            } else {
-                &self.tally.replayed_orders
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-        out
+            .await
     }
 
     async fn charge_step(&self, order: u64, replayed: &mut bool) -> Result<String, CheckoutError> {
@@ -455,6 +483,52 @@ async fn same_database(store: &str, ledger: &PgPool) -> Result<(), String> {
     ))
 }
 
+/// The run's recoverer: it finishes the orders of this `--run` that a killed process
+/// left half done, as the same call a worker makes.
+fn recoverer(
+    app: &Arc<Checkout>,
+    lease: Duration,
+) -> Result<idem_runtime::recover::RecovererHandle, idem_runtime::Error> {
+    let to_run = app.clone();
+    app.idem
+        .recoverer()
+        .interval(lease / 4)
+        .concurrency(WORKERS)
+        .register(app.opts, move |order: u64, _| {
+            let app = to_run.clone();
+            async move { app.recover(order).await }
+        })
+        .spawn()
+}
+
+/// Waits until no order of the run has been recoverable (abandoned, or held by a run
+/// that may yet die) for twice the lease. `false`: one was parked, or five minutes
+/// passed.
+async fn recover_only(app: &Checkout, lease: Duration) -> bool {
+    let Some(index) = app.idem.store().recovery() else {
+        return false;
+    };
+    let ns = app.idem.namespace();
+    let (deadline, mut quiet_since) = (Instant::now() + Duration::from_secs(300), Instant::now());
+    while Instant::now() < deadline {
+        match index.list(Some(ns), 1000).await {
+            Ok(calls) if calls.iter().any(|c| c.parked.is_some()) => {
+                eprintln!("checkout: parked orders: {calls:?}");
+                return false;
+            }
+            Ok(calls) if calls.is_empty() => {
+                if quiet_since.elapsed() >= lease * 2 {
+                    return true;
+                }
+            }
+            Ok(_) => quiet_since = Instant::now(),
+            Err(e) => tracing::warn!(error = %e, "listing recoverable orders failed"),
+        }
+        tokio::time::sleep(lease / 8).await;
+    }
+    false
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -493,10 +567,13 @@ async fn main() -> ExitCode {
         .shared_store(store)
         .namespace(format!("checkout-{}", args.run))
         .build();
-    let opts = Options::dedup("checkout::order")
-        .lease(args.lease)
-        // Past a killed run's lease, so a worker waits its claim out and resumes it.
-        .wait(args.lease * 3 + Duration::from_secs(2));
+    // Made once per process, so leaked: a recoverer keeps `&'static` options.
+    let opts: &'static Options = Box::leak(Box::new(
+        Options::dedup("checkout::order")
+            .lease(args.lease)
+            // Past a killed run's lease, so a worker waits its claim out and resumes it.
+            .wait(args.lease * 3 + Duration::from_secs(2)),
+    ));
     let app = Arc::new(Checkout {
         idem,
         opts,
@@ -512,6 +589,37 @@ async fn main() -> ExitCode {
         app.idem.store().name()
     );
     let started = Instant::now();
+    let recoverer = match recoverer(&app, args.lease) {
+        Ok(r) => Some(r),
+        Err(e) if !args.recover_only => {
+            eprintln!("checkout: running without a recoverer: {e}");
+            None
+        }
+        Err(e) => {
+            eprintln!("checkout: no recoverer on {}: {e}", app.idem.store().name());
+            return ExitCode::from(2);
+        }
+    };
+    if args.recover_only {
+        let quiet = recover_only(&app, args.lease).await;
+        let totals = match recoverer {
+            Some(r) => r.shutdown().await,
+            None => idem_runtime::recover::Sweep::default(),
+        };
+        println!(
+            "summary run={} orders=0 recovered={} recover_failed={} parked={} secs={:.2}",
+            args.run,
+            totals.recovered,
+            totals.failed,
+            totals.parked,
+            started.elapsed().as_secs_f64()
+        );
+        return if quiet {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let next = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..WORKERS)
         .map(|_| {
@@ -533,13 +641,17 @@ async fn main() -> ExitCode {
             app.tally.failed.fetch_add(1, Ordering::Relaxed);
         }
     }
+    let recovered = match recoverer {
+        Some(r) => r.shutdown().await.recovered,
+        None => 0,
+    };
     let t = &app.tally;
     let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "summary run={} orders={} done={} failed={} bodies_ran={} orders_replayed={} \
          resumed={} retries={} charge_ran={} charge_replayed={} reserve_ran={} \
          reserve_replayed={} mail_ran={} mail_replayed={} mail_verify_asked={} \
-         mail_verified={} secs={:.2}",
+         mail_verified={} recovered={recovered} secs={:.2}",
         args.run,
         args.orders,
         n(&t.done),

@@ -333,6 +333,68 @@ async fn killed_three_times(store: &str, transactional: bool, label: &str) {
     );
 }
 
+/// One SIGKILL at a random moment, some orders left half done (charged, not mailed);
+/// then a run that only recovers, and exits 0 having finished every abandoned order:
+/// every order with any effect has exactly one charge and one mail (and with
+/// `transactional`, one reservation). Nobody submits the orders again.
+async fn recovered_after_a_kill(store: &str, transactional: bool, label: &str) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ledger = ledger().await;
+    let run = format!("test-recover-{label}-{}-{}", std::process::id(), nanos());
+    let seed = seed();
+    println!("{label}: run {run}, CHECKOUT_SEED={seed}");
+    let at_kill = kill_at_random(&ledger, store, &run, transactional, &mut Rng(seed)).await;
+    let before = counts(&ledger, &run).await;
+    let mut cmd = checkout(store, &run, transactional);
+    cmd.arg("--recover-only");
+    let out = tokio::time::timeout(RUN_BOUND, cmd.output())
+        .await
+        .expect("the recovering run finishes")
+        .expect("run the checkout example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let c = counts(&ledger, &run).await;
+    clean_up(&ledger, store, &run).await;
+    assert!(
+        out.status.success(),
+        "--recover-only failed ({}):\n{stdout}",
+        out.status
+    );
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap_or_default();
+    println!(
+        "{label}: {at_kill} orders charged at the kill, {} of them not mailed yet; {summary}",
+        before.gateway_orders - before.mailed_orders
+    );
+    assert!(summary.contains(" recovered="), "{stdout}");
+    assert_eq!(
+        c.gateway_rows, c.gateway_orders,
+        "one charge per order: {c:?}"
+    );
+    assert_eq!(c.mails, c.mailed_orders, "one mail per order: {c:?}");
+    assert_eq!(
+        c.mailed_orders, c.gateway_orders,
+        "every charged order mailed: {c:?}"
+    );
+    assert_eq!(
+        c.reserved_orders, c.gateway_orders,
+        "every charged order reserved: {c:?}"
+    );
+    if transactional {
+        assert_eq!(
+            c.reservations, c.reserved_orders,
+            "one reservation per order: {c:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_recover_only_finishes_a_killed_run() {
+    recovered_after_a_kill(REDIS, false, "redis").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_survives_three_kills() {
     killed_three_times(REDIS, false, "redis").await;
