@@ -8,9 +8,11 @@
 //!
 //! - a recoverable claim keeps its record (and its journal) for the recovery ttl, not
 //!   only the lease: a call whose lease ran out is still there to be found;
-//! - [`Store::complete`](super::Store::complete) drops the arguments and the index entry;
-//! - [`Store::release`](super::Store::release) does too: the body returned `Err`, the
-//!   caller got the error and decides, so the call is **not** recovered;
+//! - [`RecoveryStore::settle`] completes a recoverable call, or releases it after an
+//!   `Err` (the caller got the error and decides, so the call is **not** recovered), and
+//!   drops its arguments and index entry in the same step; a plain
+//!   [`Store::complete`](super::Store::complete) or [`Store::release`](super::Store::release)
+//!   may leave them, for [`RecoveryStore::take`] to find finished;
 //! - [`RecoveryStore::abandon`] is the release of a dropped call (cancelled, panicked):
 //!   the key is free at once, as after a release, and the call is due for recovery now;
 //! - the index is found by [`RecoveryStore::due`] without scanning records that carry no
@@ -106,6 +108,18 @@ pub struct RecoverableCall {
 /// The recovery index: reached through [`Store::recovery`](super::Store::recovery). See
 /// the [module documentation](self) for what claims, completions and releases do to it.
 pub trait RecoveryStore: Send + Sync {
+    /// Ends a recoverable call whose body returned: completes it with `Some((value,
+    /// ttl))` as [`Store::complete`](super::Store::complete) does, or releases it with
+    /// `None` as [`Store::release`](super::Store::release) does (an `Err`: not
+    /// recovered), and drops its recovery data in the same step. A store whose
+    /// completion and release keep the index already forwards to them.
+    fn settle<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        settle: Option<(Bytes, Duration)>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
     /// The release of a dropped call: if `owner` holds `key`, frees it as
     /// [`Store::release`](super::Store::release) would, keeps its arguments and journal,
     /// and makes it due for recovery now. `false` if `owner` does not hold it.

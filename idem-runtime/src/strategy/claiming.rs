@@ -326,6 +326,7 @@ pub(crate) async fn settle(
     key: Key,
     owner: Owner,
     settle: Option<(Bytes, Duration)>,
+    recoverable: bool,
 ) -> Result<bool, Error> {
     let op = if settle.is_some() {
         Op::Complete
@@ -333,22 +334,15 @@ pub(crate) async fn settle(
         Op::Release
     };
     if store.local().is_some() {
-        let done = match settle {
-            Some((value, ttl)) => store.complete(&key, owner, value, ttl),
-            None => store.release(&key, owner),
-        };
+        let done = settle_call(&**store, &key, owner, settle, recoverable);
         return observe::store_call(true, op, done).await;
     }
     // A second handle on the value, for a retry after a drop (a remote round trip
     // dwarfs the one allocation it may cost).
     let again = settle.clone();
     let s = store.clone();
-    let sent: BoxFuture<'static, Result<bool, Error>> = Box::pin(async move {
-        match settle {
-            Some((value, ttl)) => s.complete(&key, owner, value, ttl).await,
-            None => s.release(&key, owner).await,
-        }
-    });
+    let sent: BoxFuture<'static, Result<bool, Error>> =
+        Box::pin(async move { settle_call(&*s, &key, owner, settle, recoverable).await });
     let store = store.clone();
     let call = Finishing::new(sent, move |done: Result<bool, Error>| match done {
         Ok(true) => {}
@@ -363,10 +357,27 @@ pub(crate) async fn settle(
         }
         Err(e) => {
             tracing::warn!(%key, error = %e, "recording the result of a cancelled call failed; retrying");
-            retry_settle(store, key, owner, again);
+            retry_settle(store, key, owner, again, recoverable);
         }
     });
     observe::store_call(false, op, call).await
+}
+
+/// The store call that ends a claim whose body returned: a completion (`Some`) or a
+/// release (`None`); a recoverable call's, through the recovery index, which drops the
+/// call's recovery data in the same step.
+fn settle_call<'a>(
+    store: &'a dyn Store,
+    key: &'a Key,
+    owner: Owner,
+    settle: Option<(Bytes, Duration)>,
+    recoverable: bool,
+) -> BoxFuture<'a, Result<bool, Error>> {
+    match (store.recovery().filter(|_| recoverable), settle) {
+        (Some(recovery), settle) => recovery.settle(key, owner, settle),
+        (None, Some((value, ttl))) => store.complete(key, owner, value, ttl),
+        (None, None) => store.release(key, owner),
+    }
 }
 
 /// Gives a claim back when dropped while armed: the call was cancelled (its future
@@ -479,6 +490,7 @@ pub(crate) fn retry_settle(
     key: Key,
     owner: Owner,
     settle: Option<(Bytes, Duration)>,
+    recoverable: bool,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
@@ -487,10 +499,7 @@ pub(crate) fn retry_settle(
         let mut delay = Duration::from_millis(20);
         for _ in 0..8 {
             sleep(delay).await;
-            let done = match &settle {
-                Some((value, ttl)) => store.complete(&key, owner, value.clone(), *ttl).await,
-                None => store.release(&key, owner).await,
-            };
+            let done = settle_call(&*store, &key, owner, settle.clone(), recoverable).await;
             match done {
                 Ok(true) => return,
                 // A completion refused: the lease ran out while the store was failing,

@@ -267,7 +267,7 @@ where
         let bytes = record::<C, T, E>(&key, &result, true)
             .map(|bytes| replayable::<C, T, E>(&key, bytes, &mut result, &mut marked));
         let completing = bytes.is_some();
-        let outcome = settle(store, key, owner, bytes.map(|b| (b, opts.ttl))).await;
+        let outcome = settle(store, key, owner, bytes.map(|b| (b, opts.ttl)), recoverable).await;
         match outcome {
             Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
             Ok(false) => {
@@ -290,7 +290,7 @@ where
                         .flatten();
                     (bytes.unwrap_or_else(|| completed_marker(&key)), opts.ttl)
                 });
-                retry_settle(store.clone(), key, owner, settle);
+                retry_settle(store.clone(), key, owner, settle, recoverable);
             }
         }
         result

@@ -112,7 +112,7 @@ where
     // the unlock is still finished in the background like a completion, so a dropped
     // call's unlock is sent once, in order.
     guard.disarm();
-    let released = settle(store, key, owner, None).await;
+    let released = settle(store, key, owner, None, false).await;
     match released {
         Ok(true) => observe::outcome(opts, &key, Outcome::Ran),
         Ok(false) => {
@@ -123,7 +123,7 @@ where
             observe::outcome(opts, &key, Outcome::StoreError);
             idem.count_store_failure();
             tracing::warn!(%key, error = %e, "unlock failed; retrying in the background");
-            retry_settle(store.clone(), key, owner, None);
+            retry_settle(store.clone(), key, owner, None, false);
         }
     }
     result

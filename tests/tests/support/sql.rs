@@ -222,9 +222,9 @@ macro_rules! sql_store_tests {
             let v: u64 = idem2.dedup(&DEDUP, "k", async { Ok::<_, Error>(4) }).await.unwrap();
             assert_eq!(v, 3, "replayed from the same table");
             // Migrations 1 (records), 2 (toolbox values and states), 3 (step
-            // journals) and 4 (one row per step), each applied once.
+            // journals), 4 (one row per step) and 5 (recovery), each applied once.
             let applied = count(&stores[1], "SELECT COUNT(*) FROM _idem_migrations".into()).await;
-            assert_eq!(applied, 4);
+            assert_eq!(applied, 5);
             for s in &stores {
                 s.close().await;
             }

@@ -34,12 +34,14 @@ struct Call {
 
 impl Pending {
     /// A recoverable claim of `key` was just made: records (or refreshes) its arguments.
-    /// Attempts and a parked error are kept: they count recoveries, not claims.
+    /// Attempts are kept (they count recoveries, not claims); a parked call taken by a
+    /// caller is in flight again.
     pub(super) fn claimed(&mut self, key: &Key, recover: &Recover, due: Instant, now: Instant) {
         let expires_at = now + recover.ttl.max(due - now);
         match self.map.get_mut(key.digest()) {
             Some(call) if call.expires_at > now => {
                 call.args = recover.args.clone();
+                call.parked = None;
                 call.due = due;
                 call.expires_at = expires_at;
             }
@@ -158,6 +160,19 @@ impl MemoryStore {
 }
 
 impl RecoveryStore for MemoryStore {
+    fn settle<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        settle: Option<(Bytes, Duration)>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        // Completion and release drop the call's entry already.
+        ready(match settle {
+            Some((value, ttl)) => self.complete_now(key, owner, value, ttl),
+            None => self.release_now(key, owner),
+        })
+    }
+
     fn abandon<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
         ready(self.abandon_now(key, owner))
     }

@@ -17,6 +17,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use bytes::Bytes;
 use redis::{Script, Value};
 
 use super::RedisStore;
@@ -75,6 +76,19 @@ impl RedisStore {
 }
 
 impl RecoveryStore for RedisStore {
+    fn settle<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        settle: Option<(Bytes, Duration)>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        // The completion and release scripts keep the index already.
+        match settle {
+            Some((value, ttl)) => crate::Store::complete(self, key, owner, value, ttl),
+            None => Box::pin(self.give_back(key, owner, false)),
+        }
+    }
+
     fn abandon<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(self.give_back(key, owner, true))
     }

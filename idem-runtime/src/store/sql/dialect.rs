@@ -31,6 +31,11 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// `"postgres"`, `"mysql"` (MySQL or MariaDB) or `"sqlite"`.
     fn name(&self) -> &'static str;
 
+    /// The recovery index's statements, if this database keeps one (see `recovery`).
+    fn recovery(&self) -> Option<&dyn super::recovery::RecoveryDialect> {
+        None
+    }
+
     /// The store's name in logs: `"sql-postgres"`, ...
     fn store_name(&self) -> &'static str;
 

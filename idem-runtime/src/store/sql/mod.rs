@@ -70,6 +70,7 @@ mod own_tx;
 mod postgres;
 mod purge;
 mod record;
+mod recovery;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store_impl;

@@ -43,7 +43,11 @@ impl SqlStore {
 
     async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let mut snap = match self.dialect.claim(self, key, req).await {
+            let claimed = match (&req.recover, self.dialect.recovery()) {
+                (Some(recover), Some(d)) => d.claim(key, req, recover).await,
+                _ => self.dialect.claim(self, key, req).await,
+            };
+            let mut snap = match claimed {
                 // A transactional-mode twin holds the key uncommitted: busy, not broken.
                 Err(e) if is_lock_wait(&e) => {
                     return Ok(ClaimOutcome::Busy {
@@ -220,6 +224,12 @@ impl Store for SqlStore {
     }
 
     /// One row per step beside the record's row: see the `journal` module.
+    fn recovery(&self) -> Option<&dyn crate::store::RecoveryStore> {
+        self.dialect
+            .recovery()
+            .map(|_| self as &dyn crate::store::RecoveryStore)
+    }
+
     fn journal(&self) -> Option<&dyn crate::store::JournalStore> {
         Some(self)
     }

@@ -308,7 +308,8 @@ pub async fn the_last_attempt_parks_the_call(store: Arc<dyn Store>) {
     let idem = idem(&store);
     let effects: Arc<[AtomicUsize; 3]> = Arc::default();
     drop_after_charge(&idem, "o-4", &effects).await;
-    // Every attempt is dropped as it starts, as a recoverer's process dying would.
+    // Every attempt is dropped once its body started, as a recoverer's process dying
+    // would; its claim is then abandoned (on a remote store, in the background).
     let dying = || {
         let idem2 = idem.clone();
         idem.recoverer().backoff(ms(1)).max_attempts(2).register(
@@ -316,23 +317,27 @@ pub async fn the_last_attempt_parks_the_call(store: Arc<dyn Store>) {
             move |id: String, _ctx| {
                 let idem = idem2.clone();
                 async move {
-                    let call = idem.dedup_recoverable(&RECOVER, &id, &id, async {
+                    let started = Arc::new(Notify::new());
+                    let body_started = started.clone();
+                    let call = idem.dedup_recoverable(&RECOVER, &id, &id, async move {
+                        body_started.notify_one();
                         std::future::pending::<Result<usize, Error>>().await
                     });
-                    tokio::time::timeout(ms(1), call)
-                        .await
-                        .map_err(|_| Error::Unsupported("dropped"))?
+                    tokio::select! {
+                        out = call => out,
+                        _ = started.notified() => Err(Error::Unsupported("dropped")),
+                    }
                 }
             },
         )
     };
     let mut parked = 0;
-    for _ in 0..20 {
-        let s = dying().sweep().await.unwrap();
-        parked += s.parked;
-        if s.found == 0 {
+    for _ in 0..200 {
+        parked += dying().sweep().await.unwrap().parked;
+        if parked > 0 {
             break;
         }
+        tokio::time::sleep(ms(10)).await;
     }
     assert_eq!(parked, 1, "the call was not parked after its last attempt");
     let listed = idem

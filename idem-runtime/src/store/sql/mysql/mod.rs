@@ -77,6 +77,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("../mysql_v4.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            5,
+            "idem recovery".into(),
+            MigrationType::Simple,
+            include_str!("../mysql_v5.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     m.set_ignore_missing(true);

@@ -45,7 +45,8 @@ macro_rules! found {
 }
 
 macro_rules! claim_sql {
-    ($($t:tt)*) => { concat!(
+    // `$c`: one more CTE (with its leading comma), after the claim's.
+    (@with [$($t:tt)*] [$($c:tt)*]) => { concat!(
     "WITH t AS (SELECT ",
     now!(),
     " AS now", $($t)*, "),
@@ -72,12 +73,13 @@ ins AS (
       AND NOT COALESCE(r.steps_expires_us > EXCLUDED.fence
                        AND r.steps_fp <> EXCLUDED.fingerprint, FALSE)
     RETURNING r.fence, r.steps_expires_us
-)
+)", $($c)*, "
 SELECT ", taken!("ins"), " FROM ins, t
 UNION ALL
 SELECT ", found!(), " FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"
 )
     };
+    ($($t:tt)*) => { claim_sql!(@with [$($t)*] [""]) };
 }
 
 /// Inside a caller's transaction (transactional mode), which sets its own lock timeout.
@@ -92,6 +94,23 @@ const CLAIM: &str = claim_sql!(", set_config('lock_timeout', '1000', true) AS lo
 const CLAIM_ASYNC: &str = claim_sql!(
     ", set_config('lock_timeout', '1000', true) AS lock_timeout, \
      set_config('synchronous_commit', 'off', true) AS async_commit"
+);
+
+/// A recoverable claim ([`CLAIM`] on its own, never batched): when it takes the key, the
+/// same statement records the call's arguments (`$8`, kept `$9` µs) in `idem_recovery`,
+/// due at the lease deadline; attempts made so far are kept, a parking is lifted.
+pub(super) const CLAIM_RECOVER: &str = claim_sql!(@with
+    [", set_config('lock_timeout', '1000', true) AS lock_timeout"]
+    [",
+rec AS (
+    INSERT INTO idem_recovery AS x (id, namespace, scope, args, attempts, parked, due_us,
+                                    expires_us)
+    SELECT $1, $2, $3, $8, 0, NULL, t.now + $7, t.now + GREATEST($9, $7) FROM ins, t
+    ON CONFLICT (id) DO UPDATE SET
+        namespace = EXCLUDED.namespace, scope = EXCLUDED.scope, args = EXCLUDED.args,
+        parked = NULL, due_us = EXCLUDED.due_us,
+        expires_us = GREATEST(x.expires_us, EXCLUDED.expires_us)
+)"]
 );
 
 const CLAIM_TOKEN: &str = concat!(
@@ -273,7 +292,7 @@ fn read_snapshot(row: &PgRow) -> Result<Snapshot, sqlx::Error> {
     })
 }
 
-fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
+pub(super) fn snapshot(key: &Key, row: &PgRow) -> Result<Snapshot, Error> {
     read_snapshot(row).map_err(|e| sql_err(Some(key), e))
 }
 

@@ -32,6 +32,7 @@ macro_rules! now {
 mod claims;
 mod journal;
 mod records;
+mod recovery;
 mod toolbox;
 
 use self::claims::{Claim, Claims, claim};
@@ -68,6 +69,13 @@ pub(super) fn migrator() -> Migrator {
             "idem step journals, one row per step".into(),
             MigrationType::Simple,
             include_str!("../postgres_v4.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            5,
+            "idem recovery".into(),
+            MigrationType::Simple,
+            include_str!("../postgres_v5.sql").into_sql_str(),
             false,
         ),
     ]);
@@ -138,6 +146,10 @@ impl PgDialect {
 impl super::dialect::Dialect for PgDialect {
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    fn recovery(&self) -> Option<&dyn super::recovery::RecoveryDialect> {
+        Some(self)
     }
 
     fn store_name(&self) -> &'static str {

@@ -227,6 +227,13 @@ gone AS (
     RETURNING id
 ),
 steps AS (DELETE FROM idem_steps s USING gone WHERE s.id = gone.id),
+-- Recovery arguments past their ttl.
+rec AS (
+    DELETE FROM idem_recovery WHERE id IN (
+        SELECT id FROM idem_recovery, t WHERE expires_us <= t.now
+        ORDER BY expires_us LIMIT $1 FOR UPDATE SKIP LOCKED
+    )
+),
 -- Entries whose record row was deleted by hand (an operator's `DELETE`), once an hour
 -- old: a row inserted anew since starts its counter at the clock, above them.
 orphans AS (
@@ -294,7 +301,9 @@ upd AS (
     -- Whether a record was removed (a live journal alone is dropped, and answers false).
     RETURNING r.id, r.steps_n, old.state <> 0 AND old.expires_us > t.now AS removed
 ),
-gone AS (DELETE FROM idem_steps s USING upd WHERE s.id = upd.id AND s.seq <= upd.steps_n)
+gone AS (DELETE FROM idem_steps s USING upd WHERE s.id = upd.id AND s.seq <= upd.steps_n),
+-- A forgotten call is not recovered either.
+rec AS (DELETE FROM idem_recovery WHERE id = $1)
 SELECT removed FROM upd"
 );
 

@@ -67,6 +67,13 @@ pub(super) fn migrator() -> Migrator {
             include_str!("../sqlite_v4.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            5,
+            "idem recovery".into(),
+            MigrationType::Simple,
+            include_str!("../sqlite_v5.sql").into_sql_str(),
+            false,
+        ),
     ]);
     m.dangerous_set_table_name("_idem_migrations");
     m.set_ignore_missing(true);
