@@ -396,6 +396,11 @@ async fn redis_recover_only_finishes_a_killed_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transactional_recover_only_finishes_a_killed_run() {
+    recovered_after_a_kill(PG, true, "postgres-tx").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_survives_three_kills() {
     killed_three_times(REDIS, false, "redis").await;
 }
