@@ -36,6 +36,20 @@ pub(crate) enum Command {
         #[arg(long)]
         namespace: Option<String>,
     },
+    /// List the calls marked `recover` that a recoverer may finish: abandoned (their
+    /// owner gone), still held, or parked with why, with their function, age, attempts
+    /// and steps done.
+    Recoverable {
+        /// The store URL.
+        #[arg(long)]
+        store: String,
+        /// Only this namespace (Redis needs one).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// At most this many calls, the longest due first.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
     /// One-time tokens.
     #[command(subcommand)]
     Tokens(TokensCommand),

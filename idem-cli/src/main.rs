@@ -4,6 +4,7 @@
 //! idem inspect --store URL --namespace NS --function PATH --key RENDERED [--json]
 //! idem forget  --store URL --namespace NS --function PATH --key RENDERED [--yes] [--json]
 //! idem stats   --store URL [--namespace NS] [--json]
+//! idem recoverable --store URL [--namespace NS] [--limit N] [--json]
 //! idem tokens issue --store URL [--namespace NS] --ttl 30s [--json]
 //! ```
 //!
@@ -18,7 +19,7 @@
 //!
 //! | code | meaning |
 //! |------|---------|
-//! | 0 | done (the record was found, forgotten, counted, or the token issued) |
+//! | 0 | done (the record was found, forgotten, counted, listed, or the token issued) |
 //! | 1 | no such record (inspect, forget) |
 //! | 2 | bad arguments (including a key that does not match the pasted digest) |
 //! | 3 | the store failed or is unreachable, or the record is corrupt |
@@ -99,6 +100,22 @@ async fn run(cli: Cli) -> Result<Exit, Failure> {
             report::stats(&rows, json);
             Ok(Exit::Done)
         }
+        Command::Recoverable {
+            store,
+            namespace,
+            limit,
+        } => {
+            let store = idem_runtime::store::connect(&store).await?;
+            let recovery = store.recovery().ok_or_else(|| {
+                Failure(
+                    Exit::Usage,
+                    format!("the {} store keeps no recovery index", store.name()),
+                )
+            })?;
+            let calls = recovery.list(namespace.as_deref(), limit).await?;
+            report::recoverable(&calls, json);
+            Ok(Exit::Done)
+        }
         Command::Tokens(TokensCommand::Issue {
             store,
             namespace,
@@ -150,8 +167,12 @@ async fn open(rec: &RecordArgs) -> Result<(Idem, Options, idem_runtime::Key), Fa
 async fn inspect(rec: &RecordArgs, json: bool) -> Result<Exit, Failure> {
     let (idem, opts, key) = open(rec).await?;
     let info = idem.inspect(&opts, &rec.key).await?;
-    report::record(&key, info.as_ref(), json);
-    Ok(if info.is_some() {
+    let recovery = match idem.store().recovery() {
+        Some(r) => r.call(&key).await?,
+        None => None,
+    };
+    report::record(&key, info.as_ref(), recovery.as_ref(), json);
+    Ok(if info.is_some() || recovery.is_some() {
         Exit::Done
     } else {
         Exit::NotFound
@@ -170,7 +191,7 @@ async fn forget(rec: &RecordArgs, yes: bool, json: bool) -> Result<Exit, Failure
         }
         // Show what would go, so the operator confirms knowing whose record it is.
         let info = idem.inspect(&opts, &rec.key).await?;
-        report::record(&key, info.as_ref(), false);
+        report::record(&key, info.as_ref(), None, false);
         eprint!("forget {key}? Its next call runs the body again. [y/N] ");
         let _ = std::io::stderr().flush();
         let mut answer = String::new();

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use idem_runtime::Key;
 use idem_runtime::inspect::{RecordCount, RecordInfo};
-use idem_runtime::store::ClaimKind;
+use idem_runtime::store::{ClaimKind, RecoverableCall};
 use serde_json::{Value, json};
 
 fn kind_name(kind: ClaimKind) -> &'static str {
@@ -66,14 +66,66 @@ fn unix_ms(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// One record, or that there is none.
-pub(crate) fn record(key: &Key, info: Option<&RecordInfo>, json: bool) {
+/// A recoverable call's state in a word: parked, abandoned (a recoverer may take it),
+/// or in flight.
+fn recovery_state(c: &RecoverableCall) -> &'static str {
+    match (&c.parked, c.abandoned) {
+        (Some(_), _) => "parked",
+        (None, true) => "recoverable",
+        (None, false) => "in flight",
+    }
+}
+
+fn recovery_json(c: &RecoverableCall) -> Value {
+    json!({
+        "state": recovery_state(c),
+        "attempts": c.attempts,
+        "parked": c.parked,
+        "overdue_ms": millis(c.overdue),
+        "steps": c.steps,
+    })
+}
+
+/// One record, or that there is none, and its recovery state if it is recoverable.
+pub(crate) fn record(
+    key: &Key,
+    info: Option<&RecordInfo>,
+    recovery: Option<&RecoverableCall>,
+    json: bool,
+) {
     if json {
-        println!("{}", record_json(key, info));
+        let mut v = record_json(key, info);
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "recovery".into(),
+                recovery.map_or(Value::Null, recovery_json),
+            );
+        }
+        println!("{v}");
         return;
     }
+    let print_recovery = |c: &RecoverableCall| {
+        let why = c
+            .parked
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        println!(
+            "  recovery     {}{why} ({} attempts, {} steps journaled)",
+            recovery_state(c),
+            c.attempts,
+            c.steps
+        );
+    };
     let Some(i) = info else {
-        println!("{key}: no record (never written, released, or expired)");
+        match recovery {
+            // A released stepped record: free, its call's arguments kept.
+            Some(c) => {
+                println!("{key}: free, and recoverable");
+                print_recovery(c);
+            }
+            None => println!("{key}: no record (never written, released, or expired)"),
+        }
         return;
     };
     let or_dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
@@ -109,6 +161,56 @@ pub(crate) fn record(key: &Key, info: Option<&RecordInfo>, json: bool) {
             unix_ms(s.at)
         );
     }
+    if let Some(c) = recovery {
+        print_recovery(c);
+    }
+}
+
+/// Recoverable calls, one per line.
+pub(crate) fn recoverable(calls: &[RecoverableCall], json: bool) {
+    if json {
+        let rows: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let mut v = recovery_json(c);
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("namespace".into(), json!(c.namespace));
+                    obj.insert("function".into(), json!(c.scope));
+                    obj.insert("digest".into(), json!(hex(&c.digest)));
+                }
+                v
+            })
+            .collect();
+        println!("{}", json!({ "calls": rows, "total": calls.len() }));
+        return;
+    }
+    let wf = calls
+        .iter()
+        .map(|c| c.namespace.len() + 1 + c.scope.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    println!(
+        "{:<wf$}  {:<16}  {:<11}  {:>10}  {:>8}  {:>5}  error",
+        "function", "digest", "state", "due for", "attempts", "steps"
+    );
+    for c in calls {
+        println!(
+            "{:<wf$}  {:<16}  {:<11}  {:>10}  {:>8}  {:>5}  {}",
+            format!("{}/{}", c.namespace, c.scope),
+            &hex(&c.digest)[..16],
+            recovery_state(c),
+            seconds(c.overdue),
+            c.attempts,
+            c.steps,
+            c.parked.as_deref().unwrap_or("-")
+        );
+    }
+    println!("{} calls", calls.len());
+}
+
+fn hex(digest: &[u8; 16]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The result of a forget.

@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use idem_runtime::codec::NoReplay;
-use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
+use idem_runtime::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner, Recover};
 use idem_runtime::{Error, Idem, Options};
 use serde_json::Value;
 
@@ -251,6 +251,54 @@ async fn operate(url: &str) {
         .expect("the issued token is consumed once");
     let out = idem(&["tokens", "issue", "--store", url, "--ttl", "soon"]);
     assert_eq!(code(&out), 2, "{out:?}");
+    recoverable(url, &service, &store).await;
+}
+
+/// A call marked `recover` whose caller went away: listed by `idem recoverable` and shown
+/// by `idem inspect`, then parked with why. A store without a recovery index says so.
+async fn recoverable(url: &str, service: &Idem, store: &std::sync::Arc<dyn idem_runtime::Store>) {
+    let ns = service.namespace();
+    let Some(recovery) = store.recovery() else {
+        let out = idem(&["recoverable", "--store", url, "--namespace", ns]);
+        assert_eq!(code(&out), 2, "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no recovery index"),
+            "{out:?}"
+        );
+        return;
+    };
+    let key = service.record_key(&CHARGE, "charge:9");
+    let args = bytes::Bytes::from_static(&[0x91, 0x09]);
+    let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), Duration::from_secs(60))
+        .with_recover(Some(Recover::new(args, Duration::from_secs(600))));
+    store.claim(&key, &req).await.unwrap();
+    assert!(recovery.abandon(&key, req.owner).await.unwrap());
+    let out = idem(&["recoverable", "--store", url, "--namespace", ns, "--json"]);
+    assert_eq!(code(&out), 0, "{out:?}");
+    let v = json(&out);
+    assert_eq!(v["total"], 1, "{v}");
+    assert_eq!(v["calls"][0]["function"], "app::charge", "{v}");
+    assert_eq!(v["calls"][0]["state"], "recoverable", "{v}");
+    assert_eq!(v["calls"][0]["digest"], key.digest_hex(), "{v}");
+    assert!(recovery.park(&key, "gave up").await.unwrap());
+    let pasted = key.to_string();
+    let out = idem(&[
+        "inspect",
+        "--store",
+        url,
+        "--function",
+        &pasted,
+        "--key",
+        "charge:9",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{out:?}");
+    let v = json(&out);
+    assert_eq!(v["recovery"]["state"], "parked", "{v}");
+    assert_eq!(v["recovery"]["parked"], "gave up", "{v}");
+    let out = idem(&["recoverable", "--store", url, "--namespace", ns]);
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert!(stdout(&out).contains("parked"), "{}", stdout(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

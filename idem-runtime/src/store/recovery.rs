@@ -103,6 +103,8 @@ pub struct RecoverableCall {
     pub overdue: Duration,
     /// `false`: its owner still holds it with a live lease (in flight, not abandoned).
     pub abandoned: bool,
+    /// Entries in its step journal: the steps it got to (done, or begun if verified).
+    pub steps: u32,
 }
 
 /// The recovery index: reached through [`Store::recovery`](super::Store::recovery). See
@@ -149,6 +151,10 @@ pub trait RecoveryStore: Send + Sync {
     /// Parks the call under `key` with `error`: kept (until its ttl) and listed, never
     /// taken again. `false` if it has no recovery data any more (it finished).
     fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The recovery state of the call under `key`, if it is recoverable (for
+    /// `idem inspect`).
+    fn call<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecoverableCall>, Error>>;
 
     /// Recoverable calls, due or parked or still held (up to `limit`), of `namespace` or
     /// of all namespaces: for `idem recoverable` and inspection.

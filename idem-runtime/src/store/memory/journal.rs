@@ -43,6 +43,14 @@ impl Journals {
         self.map.get_mut(d).map(|s| &mut **s)
     }
 
+    /// How many entries the live journal of `key` has (read-only: an expired one counts 0).
+    pub(super) fn len_of(&self, key: &Key, now: Instant) -> u32 {
+        self.map
+            .get(key.digest())
+            .filter(|s| s.expires_at > now)
+            .map_or(0, |s| u32::try_from(s.entries.len()).unwrap_or(u32::MAX))
+    }
+
     pub(super) fn drop_journal(&mut self, key: &Key) {
         if !self.map.is_empty() {
             self.map.remove(key.digest());

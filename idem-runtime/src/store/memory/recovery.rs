@@ -126,36 +126,36 @@ impl MemoryStore {
     fn calls(
         &self,
         now: Instant,
-        mut keep: impl FnMut(&Shard, &Call) -> bool,
+        mut keep: impl FnMut(&Call) -> bool,
     ) -> Vec<(Key, RecoverableCall, Instant)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let shard = super::lock(shard);
             for call in shard.pending.map.values() {
-                if call.expires_at <= now || !keep(&shard, call) {
-                    continue;
+                if call.expires_at > now && keep(call) {
+                    out.push((call.key, describe(&shard, call, now), call.due));
                 }
-                let abandoned = !matches!(
-                    shard.map.get(call.key.digest()).map(|e| &e.state),
-                    Some(State::InProgress { lease_until, .. }) if *lease_until > now
-                );
-                out.push((
-                    call.key,
-                    RecoverableCall {
-                        namespace: call.key.namespace().to_owned(),
-                        scope: call.key.scope().to_owned(),
-                        digest: *call.key.digest(),
-                        attempts: call.attempts,
-                        parked: call.parked.clone(),
-                        overdue: now.saturating_duration_since(call.due),
-                        abandoned,
-                    },
-                    call.due,
-                ));
             }
         }
         out.sort_by_key(|(_, _, due)| *due);
         out
+    }
+}
+
+/// A recoverable call as operators see it.
+fn describe(shard: &Shard, call: &Call, now: Instant) -> RecoverableCall {
+    RecoverableCall {
+        namespace: call.key.namespace().to_owned(),
+        scope: call.key.scope().to_owned(),
+        digest: *call.key.digest(),
+        attempts: call.attempts,
+        parked: call.parked.clone(),
+        overdue: now.saturating_duration_since(call.due),
+        abandoned: !matches!(
+            shard.map.get(call.key.digest()).map(|e| &e.state),
+            Some(State::InProgress { lease_until, .. }) if *lease_until > now
+        ),
+        steps: shard.journals.len_of(&call.key, now),
     }
 }
 
@@ -185,7 +185,7 @@ impl RecoveryStore for MemoryStore {
     ) -> BoxFuture<'a, Result<(Vec<Due>, u64), Error>> {
         let now = Instant::now();
         let due = self
-            .calls(now, |_, c| {
+            .calls(now, |c| {
                 c.parked.is_none() && c.due <= now && c.key.namespace() == namespace
             })
             .into_iter()
@@ -207,13 +207,25 @@ impl RecoveryStore for MemoryStore {
         ready(self.park_now(key, error))
     }
 
+    fn call<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecoverableCall>, Error>> {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        let found = shard
+            .pending
+            .map
+            .get(key.digest())
+            .filter(|c| c.expires_at > now)
+            .map(|c| describe(&shard, c, now));
+        ready(found)
+    }
+
     fn list<'a>(
         &'a self,
         namespace: Option<&'a str>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
         let calls = self
-            .calls(Instant::now(), |_, c| {
+            .calls(Instant::now(), |c| {
                 namespace.is_none_or(|ns| c.key.namespace() == ns)
             })
             .into_iter()

@@ -26,8 +26,8 @@ use super::record::{ceil_millis, corrupt, evalsha};
 use crate::store::{BoxFuture, Due, Owner, RecoverableCall, RecoveryStore, Taken};
 use crate::{Error, Key};
 
-/// A row of `list.lua`: member, ms overdue, attempts, why parked, held (1) or not.
-type Row = (Vec<u8>, u64, u32, Option<String>, u8);
+/// A row of `list.lua`: member, ms overdue, attempts, why parked, held (1) or not, steps.
+type Row = (Vec<u8>, u64, u32, Option<String>, u8, u32);
 
 /// The suffix of a namespace's recovery index after `{prefix}{namespace}`.
 pub(super) const INDEX: &str = ":recover";
@@ -150,6 +150,13 @@ impl RecoveryStore for RedisStore {
         })
     }
 
+    fn call<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecoverableCall>, Error>> {
+        Box::pin(async move {
+            let rec = self.record_name(key);
+            Ok(self.rows(key.namespace(), 1, Some(&rec)).await?.pop())
+        })
+    }
+
     fn list<'a>(
         &'a self,
         namespace: Option<&'a str>,
@@ -161,25 +168,41 @@ impl RecoveryStore for RedisStore {
                     "listing recoverable calls on Redis needs a namespace",
                 ));
             };
-            let mut cmd = evalsha(&LIST, 1);
-            cmd.arg(self.index_name(namespace)).arg(limit).arg(STEPS);
-            let rows: Vec<Row> =
-                redis::from_redis_value(self.eval(&LIST, cmd).await?).map_err(Error::store)?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(member, overdue, attempts, parked, held)| {
-                    let due = self.parse_member(namespace, &member)?;
-                    Some(RecoverableCall {
-                        namespace: namespace.to_owned(),
-                        scope: due.scope,
-                        digest: due.digest,
-                        attempts,
-                        parked,
-                        overdue: Duration::from_millis(overdue),
-                        abandoned: held == 0,
-                    })
-                })
-                .collect())
+            self.rows(namespace, limit, None).await
         })
+    }
+}
+
+impl RedisStore {
+    /// `list.lua`'s rows as calls: `namespace`'s first `limit`, or the one named `only`.
+    async fn rows(
+        &self,
+        namespace: &str,
+        limit: usize,
+        only: Option<&str>,
+    ) -> Result<Vec<RecoverableCall>, Error> {
+        let mut cmd = evalsha(&LIST, 1);
+        cmd.arg(self.index_name(namespace))
+            .arg(limit)
+            .arg(STEPS)
+            .arg(only);
+        let rows: Vec<Row> =
+            redis::from_redis_value(self.eval(&LIST, cmd).await?).map_err(Error::store)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(member, overdue, attempts, parked, held, steps)| {
+                let due = self.parse_member(namespace, &member)?;
+                Some(RecoverableCall {
+                    namespace: namespace.to_owned(),
+                    scope: due.scope,
+                    digest: due.digest,
+                    attempts,
+                    parked,
+                    overdue: Duration::from_millis(overdue),
+                    abandoned: held == 0,
+                    steps,
+                })
+            })
+            .collect())
     }
 }

@@ -55,10 +55,12 @@ pub(super) trait RecoveryDialect: Send + Sync {
 
     fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
 
+    /// Up to `limit` calls of `namespace` (or of all), or only the one under `only`.
     fn list<'a>(
         &'a self,
         namespace: Option<&'a str>,
         limit: usize,
+        only: Option<&'a Key>,
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>>;
 }
 
@@ -140,8 +142,18 @@ impl RecoveryStore for SqlStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
         Box::pin(async move {
-            self.bounded(self.recovery_dialect()?.list(namespace, limit))
-                .await
+            let d = self.recovery_dialect()?;
+            self.bounded(d.list(namespace, limit, None)).await
+        })
+    }
+
+    fn call<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecoverableCall>, Error>> {
+        Box::pin(async move {
+            let d = self.recovery_dialect()?;
+            let mut rows = self
+                .bounded(d.list(Some(key.namespace()), 1, Some(key)))
+                .await?;
+            Ok(rows.pop())
         })
     }
 }

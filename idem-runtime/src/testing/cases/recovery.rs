@@ -141,6 +141,22 @@ pub async fn recovery_finishes_a_dropped_call(store: Arc<dyn Store>) {
         1,
         "the abandoned call is not listed: {listed:?}"
     );
+    assert_eq!(listed[0].steps, 1, "the charge is journaled: {listed:?}");
+    assert!(
+        listed[0].abandoned && listed[0].parked.is_none(),
+        "{listed:?}"
+    );
+    let key = idem.key(&RECOVER, format_args!("o-1"));
+    let mut one = idem.store().recovery().unwrap().call(&key).await.unwrap();
+    // How long it has been due moves on between the two reads.
+    if let Some(one) = &mut one {
+        one.overdue = listed[0].overdue;
+    }
+    assert_eq!(
+        one.as_ref(),
+        listed.first(),
+        "one call's state differs from the list's"
+    );
     let swept = sweep_until_quiet(|| recoverer(&idem, &effects)).await;
     assert_eq!(swept.recovered, 1, "{swept:?}");
     assert_eq!(
@@ -169,6 +185,8 @@ pub async fn recovery_finishes_a_dropped_call(store: Arc<dyn Store>) {
         left.is_empty(),
         "a completed call is still listed: {left:?}"
     );
+    let gone = idem.store().recovery().unwrap().call(&key).await.unwrap();
+    assert!(gone.is_none(), "{gone:?}");
 }
 
 /// A call whose owner vanished (its claim made with the arguments, then never

@@ -104,9 +104,12 @@ const LIST: &str = concat!(
 SELECT x.namespace, x.scope, x.id, x.attempts, x.parked,
     GREATEST(COALESCE(t.now - x.due_us, 0), 0) AS overdue_us,
     NOT EXISTS (SELECT 1 FROM idem_records r
-                WHERE r.id = x.id AND r.state = 2 AND r.lease_us > t.now) AS abandoned
+                WHERE r.id = x.id AND r.state = 2 AND r.lease_us > t.now) AS abandoned,
+    (SELECT count(*) FROM idem_steps s JOIN idem_records r ON r.id = s.id
+     WHERE s.id = x.id AND s.seq > r.steps_base AND r.steps_expires_us > t.now)::int4 AS steps
 FROM idem_recovery x, t
-WHERE ($1::text IS NULL OR x.namespace = $1) AND x.expires_us > t.now
+WHERE ($1::text IS NULL OR x.namespace = $1) AND ($3::bytea IS NULL OR x.id = $3)
+  AND x.expires_us > t.now
 ORDER BY x.due_us NULLS LAST LIMIT $2"
 );
 
@@ -224,11 +227,13 @@ impl RecoveryDialect for PgDialect {
         &'a self,
         namespace: Option<&'a str>,
         limit: usize,
+        only: Option<&'a Key>,
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
         Box::pin(async move {
             let rows = sqlx::query(LIST)
                 .bind(namespace)
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind(only.map(|k| &k.digest()[..]))
                 .fetch_all(&self.pool)
                 .await
                 .map_err(Error::store)?;
@@ -245,6 +250,8 @@ impl RecoveryDialect for PgDialect {
                         parked: row.try_get("parked").map_err(get)?,
                         overdue: Duration::from_micros(u64::try_from(overdue).unwrap_or(0)),
                         abandoned: row.try_get("abandoned").map_err(get)?,
+                        steps: u32::try_from(row.try_get::<i32, _>("steps").map_err(get)?)
+                            .unwrap_or(0),
                     })
                 })
                 .collect()
