@@ -65,7 +65,7 @@ impl RedisStore {
     ) -> Result<bool, Error> {
         let names = self.name_with(key, STEPS);
         let index = self.index_of(key);
-        let mut cmd = evalsha(&RELEASE, 2 + index.is_some() as usize);
+        let mut cmd = evalsha(&RELEASE, 3);
         cmd.arg(&names[..names.len() - STEPS.len()])
             .arg(&names)
             .arg(index)
@@ -100,7 +100,7 @@ impl Store for RedisStore {
                     let mut cmd = evalsha(&CLAIM, 3);
                     cmd.arg(rec)
                         .arg(&names)
-                        .arg(self.index_name(key.namespace()))
+                        .arg(self.index_of(key))
                         .arg(record)
                         .arg(lease)
                         .arg(channel)
@@ -177,7 +177,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let names = self.name_with(key, STEPS);
             let index = self.index_of(key);
-            let mut cmd = evalsha(&COMPLETE, 2 + index.is_some() as usize);
+            let mut cmd = evalsha(&COMPLETE, 3);
             cmd.arg(&names[..names.len() - STEPS.len()])
                 .arg(&names)
                 .arg(index)
@@ -280,7 +280,6 @@ impl Store for RedisStore {
     }
 
     fn recovery(&self) -> Option<&dyn crate::store::RecoveryStore> {
-        // Not on a Cluster yet (see recovery.rs).
-        (!self.is_cluster()).then_some(self as &dyn crate::store::RecoveryStore)
+        Some(self)
     }
 }

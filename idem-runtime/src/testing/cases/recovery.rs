@@ -200,16 +200,23 @@ pub async fn recovery_takes_over_an_expired_lease(store: Arc<dyn Store>) {
     let effects: Arc<[AtomicUsize; 3]> = Arc::default();
     let key = idem.key(&RECOVER, format_args!("o-2"));
     let args = crate::recover::encode_args(&key, "o-2").unwrap();
-    let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(300))
+    let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(1000))
         .with_recover(Some(Recover::new(args, Duration::from_secs(60))));
     let claimed = idem.store().claim(&key, &req).await.unwrap();
     assert!(
         matches!(claimed, ClaimOutcome::Claimed { .. }),
         "{claimed:?}"
     );
-    let early = recoverer(&idem, &effects).sweep().await.unwrap();
-    assert_eq!(early.recovered, 0, "a live claim was recovered: {early:?}");
-    tokio::time::sleep(ms(400)).await;
+    // Held (its lease runs): not taken. One round trip, well inside the lease.
+    let early = idem
+        .store()
+        .recovery()
+        .unwrap()
+        .take(&key, ms(1))
+        .await
+        .unwrap();
+    assert!(early.is_none(), "a live claim was taken: {early:?}");
+    tokio::time::sleep(ms(1200)).await;
     let swept = sweep_until_quiet(|| recoverer(&idem, &effects)).await;
     assert_eq!(swept.recovered, 1, "{swept:?}");
     assert_eq!(counts(&effects), [1, 1, 1]);

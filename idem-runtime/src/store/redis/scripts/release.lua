@@ -2,8 +2,7 @@
 -- record, returns a claimed token to `Issued` with the token's remaining ttl, and keeps
 -- a stepped record for its journal, its lease ended.
 --
--- KEYS[1] record; KEYS[2] its journal; KEYS[3] the namespace's recovery index (none on
--- a Cluster);
+-- KEYS[1] record; KEYS[2] its journal; KEYS[3] the namespace's recovery index;
 -- ARGV[1] owner (16 bytes); ARGV[2] channel; ARGV[3] 'a' to abandon (a dropped call: a
 -- recoverable one stays, due now) rather than release (an `Err`: not recovered).
 -- A stepped release always answers 1 once past the owner check: the call is over.
@@ -18,9 +17,7 @@ if k == 115 then
   -- its deadline), nobody waits any more, and the key keeps its expiry: that of the
   -- journal, so a claim meets the record and checks the journal's payload.
   redis.call('SET', rec, 'p-s' .. string.sub(v, 4, n - 15) .. '000000000000000', 'KEEPTTL')
-  if not KEYS[3] then
-    -- No recovery index (a Cluster): nothing is recoverable.
-  elseif ARGV[3] == 'a' then
+  if ARGV[3] == 'a' then
     if redis.call('HEXISTS', KEYS[2], '\254') == 1 then
       redis.call('ZADD', KEYS[3], now, rec)
     end
