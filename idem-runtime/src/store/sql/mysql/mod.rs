@@ -41,6 +41,7 @@ macro_rules! now {
 // After `now!`, which their statements use.
 mod journal;
 mod operators;
+mod recovery;
 mod toolbox;
 
 pub(super) use self::journal::max_packet;
@@ -543,6 +544,16 @@ pub(super) async fn purge(pool: &MySqlPool, batch: i64) -> Result<u64, Error> {
         .await
         .map_err(Error::store)?;
     journal::purge_steps(pool, batch).await?;
+    // Recovery arguments past their ttl.
+    sqlx::query(concat!(
+        "DELETE FROM idem_recovery WHERE expires_us <= ",
+        now!(),
+        " ORDER BY expires_us LIMIT ?"
+    ))
+    .bind(batch)
+    .execute(pool)
+    .await
+    .map_err(Error::store)?;
     Ok(r.rows_affected())
 }
 
@@ -561,6 +572,10 @@ pub(super) struct MySqlDialect {
 impl super::dialect::Dialect for MySqlDialect {
     fn name(&self) -> &'static str {
         "mysql"
+    }
+
+    fn recovery(&self) -> Option<&dyn super::recovery::RecoveryDialect> {
+        Some(self)
     }
 
     fn store_name(&self) -> &'static str {

@@ -70,6 +70,12 @@ pub(super) async fn forget(pool: &MySqlPool, key: &Key) -> Result<bool, Error> {
     }
     // The entries of the journal dropped above (dead already: this only frees space).
     drop_dead_steps(pool, key).await?;
+    // A forgotten call is not recovered either.
+    sqlx::query("DELETE FROM idem_recovery WHERE id = ?")
+        .bind(&key.digest()[..])
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
     Ok(r.rows_affected() == 1)
 }
 
