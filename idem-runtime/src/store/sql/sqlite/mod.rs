@@ -33,6 +33,7 @@ macro_rules! now {
 
 // After `now!`, which their statements use.
 mod journal;
+mod recovery;
 mod toolbox;
 
 use self::journal::{drop_dead_steps, read_steps};
@@ -391,6 +392,16 @@ pub(super) async fn purge(pool: &SqlitePool, batch: i64) -> Result<u64, Error> {
         .await
         .map_err(Error::store)?;
     journal::purge_steps(pool, batch).await?;
+    // Recovery arguments past their ttl.
+    sqlx::query(concat!(
+        "DELETE FROM idem_recovery WHERE id IN (SELECT id FROM idem_recovery WHERE expires_us <= ",
+        now!(),
+        " ORDER BY expires_us LIMIT ?1)"
+    ))
+    .bind(batch)
+    .execute(pool)
+    .await
+    .map_err(Error::store)?;
     Ok(r.rows_affected())
 }
 
@@ -457,6 +468,12 @@ pub(super) async fn forget(pool: &SqlitePool, key: &Key) -> Result<bool, Error> 
     }
     // The entries of the journal dropped above (dead already: this only frees space).
     drop_dead_steps(pool, key).await?;
+    // A forgotten call is not recovered either.
+    sqlx::query("DELETE FROM idem_recovery WHERE id = ?1")
+        .bind(&key.digest()[..])
+        .execute(pool)
+        .await
+        .map_err(|e| sql_err(Some(key), e))?;
     Ok(r.rows_affected() == 1)
 }
 
@@ -491,6 +508,10 @@ pub(super) struct SqliteDialect {
 impl super::dialect::Dialect for SqliteDialect {
     fn name(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn recovery(&self) -> Option<&dyn super::recovery::RecoveryDialect> {
+        Some(self)
     }
 
     fn store_name(&self) -> &'static str {

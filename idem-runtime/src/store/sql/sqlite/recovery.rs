@@ -1,0 +1,321 @@
+//! SQLite statements of the recovery index (see `store/sql/recovery.rs`). A statement
+//! cannot write two tables here either, so each change that touches the record and its
+//! recovery row is one `BEGIN IMMEDIATE` transaction: it takes the database's one write
+//! lock up front, so the claim (or completion, or release) and the recovery row commit
+//! together, and two recoverers' takes run one after the other. Times are the
+//! database's clock.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::Row;
+use sqlx::sqlite::SqliteConnection;
+
+use super::super::record::Snapshot;
+use super::super::recovery::RecoveryDialect;
+use super::{BoxFuture, LOCK_RETENTION, SqliteDialect, claim, owner_bytes, sql_err, us};
+use crate::store::{ClaimRequest, Due, Owner, Recover, RecoverableCall, Taken};
+use crate::{Error, Key};
+
+const RECORD: &str = concat!(
+    "INSERT INTO idem_recovery (id, namespace, scope, args, attempts, parked, due_us, expires_us)
+VALUES (?1, ?2, ?3, ?4, 0, NULL, ",
+    now!(),
+    " + ?5, ",
+    now!(),
+    " + ?6)
+ON CONFLICT (id) DO UPDATE SET namespace = excluded.namespace, scope = excluded.scope,
+    args = excluded.args, parked = NULL, due_us = excluded.due_us,
+    expires_us = MAX(expires_us, excluded.expires_us)"
+);
+
+const COMPLETE: &str = concat!(
+    "UPDATE idem_records SET state = 3, value = ?3, lease_us = NULL, \
+     steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL, expires_us = ",
+    now!(),
+    " + ?4 WHERE id = ?1 AND state = 2 AND owner = ?2 AND lease_us > ",
+    now!()
+);
+
+const RELEASE: &str = concat!(
+    "UPDATE idem_records SET
+    state = CASE WHEN token_expires_us > ",
+    now!(),
+    " THEN 1 ELSE 0 END,
+    expires_us = CASE WHEN token_expires_us > ",
+    now!(),
+    " THEN token_expires_us WHEN kind = 1 THEN ",
+    now!(),
+    " + ?3 ELSE ",
+    now!(),
+    " END,
+    owner = NULL, fingerprint = NULL, lease_us = NULL
+WHERE id = ?1 AND state = 2 AND owner = ?2 AND expires_us > ",
+    now!()
+);
+
+const DROP_ROW: &str = "DELETE FROM idem_recovery WHERE id = ?1";
+const DUE_NOW: &str = concat!(
+    "UPDATE idem_recovery SET due_us = ",
+    now!(),
+    " WHERE id = ?1 AND parked IS NULL"
+);
+
+const DUE: &str = concat!(
+    "SELECT scope, id FROM idem_recovery WHERE namespace = ?1 AND due_us <= ",
+    now!(),
+    " AND expires_us > ",
+    now!(),
+    " ORDER BY due_us LIMIT ?2"
+);
+
+const TAKE_READ: &str = concat!(
+    "SELECT x.args, x.attempts, x.due_us, x.expires_us, x.parked, r.state, r.lease_us,
+    r.expires_us AS rec_expires_us, ",
+    now!(),
+    " AS now
+FROM idem_recovery x LEFT JOIN idem_records r ON r.id = x.id
+WHERE x.id = ?1"
+);
+
+const PARK: &str = concat!(
+    "UPDATE idem_recovery SET parked = ?1, due_us = NULL WHERE id = ?2 AND expires_us > ",
+    now!()
+);
+
+const LIST: &str = concat!(
+    "SELECT x.namespace, x.scope, x.id, x.attempts, x.parked,
+    MAX(COALESCE(t.now - x.due_us, 0), 0) AS overdue_us,
+    NOT EXISTS (SELECT 1 FROM idem_records r
+                WHERE r.id = x.id AND r.state = 2 AND r.lease_us > t.now) AS abandoned,
+    (SELECT COUNT(*) FROM idem_steps s JOIN idem_records r ON r.id = s.id
+     WHERE s.id = x.id AND s.seq > r.steps_base AND r.steps_expires_us > t.now) AS steps
+FROM idem_recovery x, (SELECT ",
+    now!(),
+    " AS now) t
+WHERE (?1 IS NULL OR x.namespace = ?1) AND (?2 IS NULL OR x.id = ?2) AND x.expires_us > t.now
+ORDER BY x.due_us IS NULL, x.due_us LIMIT ?3"
+);
+
+fn digest(id: Vec<u8>) -> Result<[u8; 16], Error> {
+    id.try_into()
+        .map_err(|_| Error::store(std::io::Error::other("a recovery row's id is not 16 bytes")))
+}
+
+async fn begin(dialect: &SqliteDialect) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, Error> {
+    dialect
+        .pool
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(Error::store)
+}
+
+async fn commit(tx: sqlx::Transaction<'static, sqlx::Sqlite>) -> Result<(), Error> {
+    tx.commit().await.map_err(Error::store)
+}
+
+impl RecoveryDialect for SqliteDialect {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        req: &'a ClaimRequest,
+        recover: &'a Recover,
+    ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
+        Box::pin(async move {
+            let mut tx = begin(self).await?;
+            let conn: &mut SqliteConnection = &mut tx;
+            let snap = claim(conn, key, req).await?;
+            if snap.as_ref().is_some_and(|s| s.claimed) {
+                sqlx::query(RECORD)
+                    .bind(&key.digest()[..])
+                    .bind(key.namespace())
+                    .bind(key.scope())
+                    .bind(recover.args.as_ref())
+                    .bind(us(req.lease))
+                    .bind(us(recover.ttl.max(req.lease)))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| sql_err(Some(key), e))?;
+            }
+            commit(tx).await?;
+            Ok(snap)
+        })
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        settle: Option<(&'a Bytes, Duration)>,
+        abandon: bool,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let owner = owner_bytes(owner);
+            let mut tx = begin(self).await?;
+            let ended = match settle {
+                Some((value, ttl)) => sqlx::query(COMPLETE)
+                    .bind(&key.digest()[..])
+                    .bind(&owner[..])
+                    .bind(value.as_ref())
+                    .bind(us(ttl)),
+                None => sqlx::query(RELEASE)
+                    .bind(&key.digest()[..])
+                    .bind(&owner[..])
+                    .bind(us(LOCK_RETENTION)),
+            }
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| sql_err(Some(key), e))?
+            .rows_affected()
+                == 1;
+            if ended {
+                sqlx::query(if abandon { DUE_NOW } else { DROP_ROW })
+                    .bind(&key.digest()[..])
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| sql_err(Some(key), e))?;
+            }
+            commit(tx).await?;
+            if ended && settle.is_some() {
+                // The completed journal's entries, dead already: this only frees space.
+                super::drop_dead_steps(&self.pool, key).await?;
+            }
+            Ok(ended)
+        })
+    }
+
+    fn due<'a>(
+        &'a self,
+        namespace: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Due>, Error>> {
+        Box::pin(async move {
+            let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(DUE)
+                .bind(namespace)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::store)?;
+            rows.into_iter()
+                .map(|(scope, id)| Ok(Due::new(scope, digest(id)?)))
+                .collect()
+        })
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a Key,
+        backoff: Duration,
+    ) -> BoxFuture<'a, Result<Option<Taken>, Error>> {
+        Box::pin(async move {
+            let id = &key.digest()[..];
+            let mut tx = begin(self).await?;
+            let Some(row) = sqlx::query(TAKE_READ)
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| sql_err(Some(key), e))?
+            else {
+                return Ok(None);
+            };
+            let get = |e: sqlx::Error| sql_err(Some(key), e);
+            let now: i64 = row.try_get("now").map_err(get)?;
+            let due: Option<i64> = row.try_get("due_us").map_err(get)?;
+            let expires: i64 = row.try_get("expires_us").map_err(get)?;
+            let state: Option<i16> = row.try_get("state").map_err(get)?;
+            let lease: Option<i64> = row.try_get("lease_us").map_err(get)?;
+            let rec_expires: Option<i64> = row.try_get("rec_expires_us").map_err(get)?;
+            let taken = match (state, lease, rec_expires) {
+                // Held: due again at its lease deadline.
+                (Some(2), Some(l), _) if l > now => {
+                    sqlx::query(
+                        "UPDATE idem_recovery SET due_us = ?1 WHERE id = ?2 AND due_us IS NOT NULL",
+                    )
+                    .bind(l)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(get)?;
+                    None
+                }
+                // Finished: it leaves the index.
+                (Some(3), _, Some(e)) if e > now => {
+                    sqlx::query(DROP_ROW)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(get)?;
+                    None
+                }
+                _ if due.is_some_and(|d| d <= now) && expires > now => {
+                    let attempts: i32 = row.try_get("attempts").map_err(get)?;
+                    sqlx::query(
+                        "UPDATE idem_recovery SET attempts = attempts + 1, due_us = ?1 WHERE id = ?2",
+                    )
+                    .bind(now + us(backoff))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(get)?;
+                    let args: Vec<u8> = row.try_get("args").map_err(get)?;
+                    Some(Taken::new(
+                        args.into(),
+                        u32::try_from(attempts + 1).unwrap_or(0),
+                    ))
+                }
+                _ => None,
+            };
+            commit(tx).await?;
+            Ok(taken)
+        })
+    }
+
+    fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let r = sqlx::query(PARK)
+                .bind(error)
+                .bind(&key.digest()[..])
+                .execute(&self.pool)
+                .await
+                .map_err(|e| sql_err(Some(key), e))?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        limit: usize,
+        only: Option<&'a Key>,
+    ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
+        Box::pin(async move {
+            let id = only.map(|k| &k.digest()[..]);
+            let rows = sqlx::query(LIST)
+                .bind(namespace)
+                .bind(id)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(Error::store)?;
+            rows.into_iter()
+                .map(|row| {
+                    let get = |e: sqlx::Error| Error::store(e);
+                    let overdue: i64 = row.try_get("overdue_us").map_err(get)?;
+                    let abandoned: i64 = row.try_get("abandoned").map_err(get)?;
+                    let steps: i64 = row.try_get("steps").map_err(get)?;
+                    Ok(RecoverableCall {
+                        namespace: row.try_get("namespace").map_err(get)?,
+                        scope: row.try_get("scope").map_err(get)?,
+                        digest: digest(row.try_get("id").map_err(get)?)?,
+                        attempts: u32::try_from(row.try_get::<i32, _>("attempts").map_err(get)?)
+                            .unwrap_or(0),
+                        parked: row.try_get("parked").map_err(get)?,
+                        overdue: Duration::from_micros(u64::try_from(overdue).unwrap_or(0)),
+                        abandoned: abandoned != 0,
+                        steps: u32::try_from(steps).unwrap_or(0),
+                    })
+                })
+                .collect()
+        })
+    }
+}
