@@ -5,8 +5,9 @@
 //! and [`RecoveryStore::settle`] drops it in the completion's (or the release's), so a
 //! call without `recover` runs exactly the statements it ran before.
 //!
-//! PostgreSQL only for now; on MySQL, MariaDB and SQLite, calls marked `recover` run as
-//! plain calls and a recoverer refuses to start.
+//! PostgreSQL writes the row in the claim's own statement (a data-modifying CTE); MySQL,
+//! MariaDB and SQLite, which cannot write two tables in one statement, in one
+//! transaction with it.
 
 use std::time::Duration;
 
