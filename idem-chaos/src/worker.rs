@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use idem_runtime::store::{BoxFuture, ClaimOutcome, ClaimRequest, Owner, Subscription};
+use idem_runtime::store::{
+    BoxFuture, ClaimOutcome, ClaimRequest, Due, Owner, RecoverableCall, RecoveryStore,
+    Subscription, Taken,
+};
 use idem_runtime::{Error, Idem, Key, Options, Store};
 
 use super::ledger::{History, Ledger};
@@ -151,6 +154,82 @@ impl Watched {
     }
 }
 
+impl Watched {
+    /// Writes down what the store answered to a completion.
+    fn note_completion(&self, key: &Key, done: &Result<bool, Error>) {
+        let set = match done {
+            Ok(true) => &self.acknowledged,
+            Ok(false) => &self.refused,
+            Err(_) => return,
+        };
+        set.lock().unwrap_or_else(|p| p.into_inner()).insert(*key);
+    }
+
+    fn index(&self) -> &dyn RecoveryStore {
+        // Reached only through `recovery()`, which answers for a store that has one.
+        self.inner
+            .recovery()
+            .expect("Watched::recovery answers only for a store with an index")
+    }
+}
+
+/// A recoverable payment ends through the index: its completion is written down as a
+/// plain one's is.
+impl RecoveryStore for Watched {
+    fn settle<'a>(
+        &'a self,
+        key: &'a Key,
+        owner: Owner,
+        settle: Option<(Bytes, Duration)>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let completing = settle.is_some();
+            let done = self.index().settle(key, owner, settle).await;
+            if completing {
+                self.note_completion(key, &done);
+            }
+            done
+        })
+    }
+
+    fn abandon<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
+        self.index().abandon(key, owner)
+    }
+
+    fn due<'a>(
+        &'a self,
+        namespace: &'a str,
+        limit: usize,
+        cursor: u64,
+    ) -> BoxFuture<'a, Result<(Vec<Due>, u64), Error>> {
+        self.index().due(namespace, limit, cursor)
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a Key,
+        backoff: Duration,
+    ) -> BoxFuture<'a, Result<Option<Taken>, Error>> {
+        self.index().take(key, backoff)
+    }
+
+    fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        self.index().park(key, error)
+    }
+
+    fn call<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecoverableCall>, Error>> {
+        self.index().call(key)
+    }
+
+    fn list<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>> {
+        self.index().list(namespace, limit)
+    }
+}
+
 impl Store for Watched {
     fn claim<'a>(
         &'a self,
@@ -178,20 +257,13 @@ impl Store for Watched {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let done = self.inner.complete(key, owner, value, ttl).await;
-            if matches!(done, Ok(true)) {
-                self.acknowledged
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(*key);
-            }
-            if matches!(done, Ok(false)) {
-                self.refused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(*key);
-            }
+            self.note_completion(key, &done);
             done
         })
+    }
+
+    fn recovery(&self) -> Option<&dyn RecoveryStore> {
+        self.inner.recovery().map(|_| self as &dyn RecoveryStore)
     }
 
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
@@ -301,7 +373,11 @@ async fn pay_once(
     } else {
         &PAY
     };
-    let result = idem.dedup(opts, format!("pay-{key}"), body).await;
+    // Recoverable: the key is recorded with the claim, so a recoverer (another
+    // worker's, or the controller's at the end) finishes a payment whose worker died.
+    let result = idem
+        .dedup_recoverable(opts, format!("pay-{key}"), &key, body)
+        .await;
     let acknowledged = watched.take(&rendered);
     let lost = watched.take_refused(&rendered);
     let ran = ran.load(Ordering::SeqCst);
@@ -314,6 +390,52 @@ async fn pay_once(
         Err(e) => Outcome::Unexpected(format!("key {key}: {e}")),
     }
 }
+
+/// A recoverer of the payments function on `idem`: it finishes the payments a killed,
+/// cut or paused worker abandoned, as the same call, its effects written by
+/// incarnation `inc` and its completions marked seen, as a worker's are.
+pub(crate) fn recoverer(
+    idem: &Idem,
+    watched: &Arc<Watched>,
+    ledger: &Ledger,
+    history: &Arc<History>,
+    inc: i32,
+) -> Result<idem_runtime::recover::RecovererHandle, String> {
+    let (on, watched, ledger, history) = (
+        idem.clone(),
+        watched.clone(),
+        ledger.clone(),
+        history.clone(),
+    );
+    idem.recoverer()
+        .interval(RECOVERY_INTERVAL)
+        .register(&PAY, move |key: u64, _| {
+            let (idem, watched, ledger, history) =
+                (on.clone(), watched.clone(), ledger.clone(), history.clone());
+            async move {
+                let mut rng = Rng::new(key);
+                let id = i64::try_from(key).unwrap_or(0);
+                match pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await {
+                    Outcome::Ran { acknowledged, .. } => {
+                        if acknowledged {
+                            let _ = ledger.seen(id, inc).await;
+                        }
+                        Ok(())
+                    }
+                    Outcome::Replayed => {
+                        let _ = ledger.seen(id, inc).await;
+                        Ok(())
+                    }
+                    other => Err(other.name()),
+                }
+            }
+        })
+        .spawn()
+        .map_err(|e| format!("recoverer: {e}"))
+}
+
+/// How often a recoverer looks for abandoned payments.
+pub(crate) const RECOVERY_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Builds the store a worker (or the controller's final sweep) uses, watched.
 pub(crate) async fn open(
@@ -346,6 +468,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
     let history = Arc::new(History::create(&s.history, s.incarnation)?);
     let (idem, watched) = open(&s.store, s.replicas, &s.run, s.small).await?;
     let counts = Arc::new(Counts::default());
+    let recoverer = recoverer(&idem, &watched, &ledger, &history, s.incarnation)?;
     let parent = std::os::unix::process::parent_id();
     let mut tasks = Vec::new();
     for t in 0..s.tasks {
@@ -410,6 +533,7 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
         t.await.map_err(|e| format!("worker task: {e}"))?;
     }
     printer.abort();
+    recoverer.shutdown().await;
     println!("{} {}", counts.line(), idem.stats().lease_lost);
     println!("done");
     Ok(())

@@ -11,6 +11,7 @@ mod lab;
 mod summary;
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -153,10 +154,20 @@ async fn chaos(
     }
     // Workers stop at the deadline by themselves; a straggler is killed (and recorded).
     let stragglers = fleet.stop(ledger).await?;
-    // Every claim a killed or cut worker left ends with its lease; then each key is
-    // called once more and must answer.
-    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
-    let sweep_history = History::create(&history.display().to_string(), 0)?;
+    // Every claim a killed or cut worker left ends with its lease, and a recoverer (the
+    // controller's, as a surviving process would run one) finishes it: none may be left
+    // recoverable after lease + interval + slack. Then each key is called once more and
+    // must answer.
+    let sweep_history = Arc::new(History::create(&history.display().to_string(), 0)?);
+    let unrecovered = recover(
+        &fleet.url,
+        replicas,
+        run,
+        ledger,
+        &sweep_history,
+        lab.is_some(),
+    )
+    .await?;
     let (stuck, unanswered) = sweep(
         &fleet.url,
         replicas,
@@ -173,6 +184,7 @@ async fn chaos(
         stuck,
         unanswered,
         stragglers,
+        unrecovered,
     };
     Ok(summary::print(
         o,
@@ -215,6 +227,54 @@ fn places(
         small: lab.is_some(),
     })
 }
+
+/// After the last fault: a recoverer runs for the lease, its interval and a slack, and
+/// the calls then left recoverable in the store's index (not parked) are returned.
+async fn recover(
+    url: &str,
+    replicas: usize,
+    run: &str,
+    ledger: &Ledger,
+    history: &Arc<History>,
+    small: bool,
+) -> Result<Vec<String>, String> {
+    let (idem, watched) = worker::open(url, replicas, run, small).await?;
+    let recoverer = worker::recoverer(&idem, &watched, ledger, history, 0)?;
+    let index = idem
+        .store()
+        .recovery()
+        .ok_or("the store keeps no recovery index")?;
+    let deadline = Instant::now() + LEASE + worker::RECOVERY_INTERVAL + RECOVERY_SLACK;
+    let mut left = Vec::new();
+    // Bounded by the deadline; a listing that fails is tried again until then.
+    while Instant::now() < deadline {
+        tokio::time::sleep(worker::RECOVERY_INTERVAL).await;
+        match index.list(Some(run), 10_000).await {
+            Ok(calls) => {
+                left = calls
+                    .iter()
+                    .filter(|c| c.parked.is_none())
+                    .map(|c| format!("{} ({} attempts)", c.scope, c.attempts))
+                    .collect();
+                if left.is_empty() {
+                    break;
+                }
+            }
+            Err(e) => left = vec![format!("the index could not be listed: {e}")],
+        }
+    }
+    let done = recoverer.shutdown().await;
+    println!(
+        "recovery: {} abandoned payments finished by the controller's recoverer, {} left",
+        done.recovered,
+        left.len()
+    );
+    Ok(left)
+}
+
+/// How long past the lease and the interval a recoverer may take to finish what a
+/// killed run left.
+const RECOVERY_SLACK: Duration = Duration::from_secs(5);
 
 /// The final sweep: every key called once more, retried past store errors; returns the
 /// keys still in progress and those the store never answered.

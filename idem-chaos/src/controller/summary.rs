@@ -48,6 +48,9 @@ pub(super) struct Ending {
     pub(super) unanswered: Vec<String>,
     /// Workers still calling after the grace period.
     pub(super) stragglers: usize,
+    /// Calls still recoverable (not parked) once the controller's recoverer had the
+    /// lease, its interval and a slack to finish them.
+    pub(super) unrecovered: Vec<String>,
 }
 
 /// Prints the end of the run; returns the number of violations.
@@ -74,6 +77,9 @@ pub(super) fn print(
             .iter()
             .map(|k| format!("key {k}: no answer from the store in the final sweep")),
     );
+    violations.extend(ending.unrecovered.iter().map(|c| {
+        format!("{c}: still recoverable after the lease, the recovery interval and a slack")
+    }));
     if lab.is_some() {
         // A call outlives its bounds only if it hangs; a hung worker does not stop.
         violations.extend((0..ending.stragglers).map(|_| {
