@@ -85,8 +85,7 @@ impl<'a> Recover<'a> {
     pub(crate) fn bounds(&self, returns: &TokenStream, at: Span) -> TokenStream {
         let mut out = TokenStream::new();
         for p in self.params.iter().filter(|p| !p.context) {
-            let owned = owned(p.ty);
-            let span = p.ty.span();
+            let (owned, span) = (owned(p.ty), owned_span(p.ty));
             let private_at = Private::alias_at(span);
             out.extend(quote_spanned!(span=>
                 #private_at::recorded(::core::marker::PhantomData::<#owned>);
@@ -97,11 +96,26 @@ impl<'a> Recover<'a> {
         out
     }
 
-    /// The recorded arguments, encoded under `key`: a `Result<Bytes, Error>`.
+    /// The recorded arguments, encoded under `key`: a `Result<Bytes, Error>`. Each is
+    /// pushed at its parameter's span, as its bound is asserted there, so an argument
+    /// that cannot be recorded is one error, at the argument.
     pub(crate) fn args(&self, key: &Ident) -> TokenStream {
         let private = Private::alias();
-        let names = self.params.iter().filter(|p| !p.context).map(|p| p.name);
-        quote!(#private::encode_args(&#key, &(#(&#names,)*)))
+        let writer = Ident::new("__idem_args_w", Span::mixed_site());
+        let pushes = self.params.iter().filter(|p| !p.context).map(|p| {
+            let (name, owned, span) = (p.name, owned(p.ty), owned_span(p.ty));
+            // `&*x` for a reference: the value it points at, of the recorded type.
+            let value = match p.ty {
+                Type::Reference(_) => quote_spanned!(span=> &*#name),
+                _ => quote_spanned!(span=> &#name),
+            };
+            quote_spanned!(span=> #writer.push::<#owned, _, _>(#value);)
+        });
+        quote! {{
+            let mut #writer = #private::ArgsWriter::new();
+            #(#pushes)*
+            #writer.finish(&#key)
+        }}
     }
 
     /// The recovery entry of function `name` with options `options`, submitted for the
@@ -111,9 +125,20 @@ impl<'a> Recover<'a> {
         let args = Ident::new("__idem_args", Span::mixed_site());
         let ctx = Ident::new("__idem_ctx", Span::mixed_site());
         let error = Ident::new("__idem_error", Span::mixed_site());
-        let recorded: Vec<_> = self.params.iter().filter(|p| !p.context).collect();
-        let names = recorded.iter().map(|p| p.name);
-        let types = recorded.iter().map(|p| owned(p.ty));
+        let reader = Ident::new("__idem_args_r", Span::mixed_site());
+        let reads = self.params.iter().filter(|p| !p.context).map(|p| {
+            let (name, owned, span) = (p.name, owned(p.ty), owned_span(p.ty));
+            let next = quote_spanned!(span=> #reader.next::<#owned, _>());
+            quote! {
+                #[allow(unused_mut)]
+                let mut #name: #owned = match #next {
+                    ::core::result::Result::Ok(v) => v,
+                    ::core::result::Result::Err(#error) => {
+                        return #private::Ran::Undecodable(#error);
+                    }
+                };
+            }
+        });
         let mut needs = Vec::new();
         let mut provided = Vec::new();
         for p in self.params.iter().filter(|p| p.context) {
@@ -157,14 +182,11 @@ impl<'a> Recover<'a> {
                     |#args: #private::Bytes, #ctx: #private::Arc<#private::Context>|
                         -> #private::BoxFuture<'static, #private::Ran> {
                         ::std::boxed::Box::pin(async move {
-                            #[allow(unused_mut)]
-                            let (#(mut #names,)*): (#(#types,)*) =
-                                match #private::decode_args(&#args) {
-                                    ::core::result::Result::Ok(v) => v,
-                                    ::core::result::Result::Err(#error) => {
-                                        return #private::Ran::Undecodable(#error);
-                                    }
-                                };
+                            let mut #reader = #private::ArgsReader::new(&#args);
+                            #(#reads)*
+                            if let ::core::result::Result::Err(#error) = #reader.finish() {
+                                return #private::Ran::Undecodable(#error);
+                            }
                             #(#provided)*
                             #private::ran(#name(#(#call_args),*).await)
                         })
@@ -233,5 +255,14 @@ pub(crate) fn check_options(
              the caller's to run in; write the transactional work as a `step_tx` inside the \
              body instead",
         ));
+    }
+}
+
+/// Where an argument's recorded type is written (`T` in `&T`): every bound on it is
+/// checked there, so rustc reports an unmet one once.
+fn owned_span(ty: &Type) -> Span {
+    match ty {
+        Type::Reference(r) => r.elem.span(),
+        other => other.span(),
     }
 }

@@ -15,7 +15,9 @@ mod entry;
 mod no_sql;
 mod probe;
 
-pub use crate::recover::{Context, Ran, Recoverable, decode_args, encode_args, ran};
+pub use crate::recover::{
+    ArgsReader, ArgsWriter, Context, Ran, Recoverable, decode_args, encode_args, ran,
+};
 pub use crate::store::BoxFuture;
 pub use bounds::{
     CarriesIdemErrors, Fingerprinted, Recorded, ReplayableErr, ReplayableOk, Reported, Returns,
