@@ -128,7 +128,7 @@ impl<'a> Recover<'a> {
         let reader = Ident::new("__idem_args_r", Span::mixed_site());
         let reads = self.params.iter().filter(|p| !p.context).map(|p| {
             let (name, owned, span) = (p.name, owned(p.ty), owned_span(p.ty));
-            let next = quote_spanned!(span=> #reader.next::<#owned, _>());
+            let next = quote_spanned!(span=> #reader.read::<#owned, _>());
             quote! {
                 #[allow(unused_mut)]
                 let mut #name: #owned = match #next {

@@ -4,6 +4,8 @@
 //! gave it its context by type; the step already done is replayed, not run again. A
 //! recoverer whose context lacks a type leaves the call to one that has it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -173,7 +173,7 @@ impl<'a> ArgsReader<'a> {
     }
 
     /// The next argument, as `O`; the error says why not.
-    pub fn next<O: crate::__private::Recorded<M>, M>(&mut self) -> Result<O, String> {
+    pub fn read<O: crate::__private::Recorded<M>, M>(&mut self) -> Result<O, String> {
         let undecodable = |why: &dyn fmt::Display| {
             format!("the recorded arguments do not decode into the function's parameters: {why}")
         };
