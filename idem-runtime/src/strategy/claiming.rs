@@ -373,7 +373,9 @@ fn settle_call<'a>(
     settle: Option<(Bytes, Duration)>,
     recoverable: bool,
 ) -> BoxFuture<'a, Result<bool, Error>> {
-    match (store.recovery().filter(|_| recoverable), settle) {
+    // `recoverable` first: a plain call does not even ask the store for its index.
+    let index = if recoverable { store.recovery() } else { None };
+    match (index, settle) {
         (Some(recovery), settle) => recovery.settle(key, owner, settle),
         (None, Some((value, ttl))) => store.complete(key, owner, value, ttl),
         (None, None) => store.release(key, owner),

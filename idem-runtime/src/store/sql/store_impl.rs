@@ -43,9 +43,14 @@ impl SqlStore {
 
     async fn claim_now(&self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let claimed = match (&req.recover, self.dialect.recovery()) {
-                (Some(recover), Some(d)) => d.claim(key, req, recover).await,
-                _ => self.dialect.claim(self, key, req).await,
+            // A plain claim does not even ask the dialect for its recovery statements.
+            let recovering = req
+                .recover
+                .as_ref()
+                .and_then(|r| Some((r, self.dialect.recovery()?)));
+            let claimed = match recovering {
+                Some((recover, d)) => d.claim(key, req, recover).await,
+                None => self.dialect.claim(self, key, req).await,
             };
             let mut snap = match claimed {
                 // A transactional-mode twin holds the key uncommitted: busy, not broken.
