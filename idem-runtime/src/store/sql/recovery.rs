@@ -65,6 +65,79 @@ pub(super) trait RecoveryDialect: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>>;
 }
 
+/// Statements MySQL and SQLite share (positional `?`, no clock: `now` is bound).
+pub(super) const HOLD: &str =
+    "UPDATE idem_recovery SET due_us = ? WHERE id = ? AND due_us IS NOT NULL";
+pub(super) const DROP_ROW: &str = "DELETE FROM idem_recovery WHERE id = ?";
+pub(super) const TAKE: &str =
+    "UPDATE idem_recovery SET attempts = attempts + 1, due_us = ? WHERE id = ?";
+
+/// A due call's recovery row and its record, as a take's transaction read them
+/// (MySQL, SQLite; PostgreSQL decides in its statement), by the database's clock.
+pub(super) struct TakeRead {
+    pub(super) now: i64,
+    pub(super) due: Option<i64>,
+    pub(super) expires: i64,
+    pub(super) state: Option<i16>,
+    pub(super) lease: Option<i64>,
+    pub(super) record_expires: Option<i64>,
+}
+
+/// What a take does with what it read.
+pub(super) enum TakeStep {
+    /// Still held: due again at its lease deadline ([`HOLD`]).
+    Held(i64),
+    /// Completed: it leaves the index ([`DROP_ROW`]).
+    Finished,
+    /// Abandoned and due: count the attempt ([`TAKE`]).
+    Take,
+    /// Parked, not due, or past its ttl.
+    Leave,
+}
+
+impl TakeRead {
+    pub(super) fn step(&self) -> TakeStep {
+        match (self.state, self.lease, self.record_expires) {
+            (Some(2), Some(l), _) if l > self.now => TakeStep::Held(l),
+            (Some(3), _, Some(e)) if e > self.now => TakeStep::Finished,
+            _ if self.due.is_some_and(|d| d <= self.now) && self.expires > self.now => {
+                TakeStep::Take
+            }
+            _ => TakeStep::Leave,
+        }
+    }
+}
+
+/// A listed call from its row's columns (each database reads them its own way).
+#[allow(clippy::too_many_arguments)] // one per column
+pub(super) fn listed(
+    namespace: String,
+    scope: String,
+    id: Vec<u8>,
+    attempts: i64,
+    parked: Option<String>,
+    overdue_us: i64,
+    abandoned: bool,
+    steps: i64,
+) -> Result<RecoverableCall, Error> {
+    Ok(RecoverableCall {
+        namespace,
+        scope,
+        digest: digest(id)?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        parked,
+        overdue: Duration::from_micros(u64::try_from(overdue_us).unwrap_or(0)),
+        abandoned,
+        steps: u32::try_from(steps).unwrap_or(0),
+    })
+}
+
+/// A recovery row's id as a digest.
+pub(super) fn digest(id: Vec<u8>) -> Result<[u8; 16], Error> {
+    id.try_into()
+        .map_err(|_| Error::store(std::io::Error::other("a recovery row's id is not 16 bytes")))
+}
+
 impl SqlStore {
     fn recovery_dialect(&self) -> Result<&dyn RecoveryDialect, Error> {
         self.dialect

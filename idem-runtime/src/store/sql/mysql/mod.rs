@@ -342,7 +342,7 @@ pub(super) async fn claim(
     }
 }
 
-const COMPLETE: &str = concat!(
+pub(super) const COMPLETE: &str = concat!(
     "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, \
      steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL, expires_us = ",
     now!(),
@@ -383,7 +383,7 @@ async fn owner_checked(
     Ok(r.rows_affected() == 1)
 }
 
-const RELEASE: &str = concat!(
+pub(super) const RELEASE: &str = concat!(
     "UPDATE idem_records SET
     expires_us = CASE WHEN token_expires_us > ",
     now!(),

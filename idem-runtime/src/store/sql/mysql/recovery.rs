@@ -12,8 +12,12 @@ use sqlx::Row;
 use sqlx::mysql::MySqlConnection;
 
 use super::super::record::Snapshot;
-use super::super::recovery::RecoveryDialect;
-use super::{BoxFuture, LOCK_RETENTION, MySqlDialect, claim, owner_bytes, sql_err, us};
+use super::super::recovery::{
+    DROP_ROW, HOLD, RecoveryDialect, TAKE, TakeRead, TakeStep, digest, listed,
+};
+use super::{
+    BoxFuture, COMPLETE, LOCK_RETENTION, MySqlDialect, RELEASE, claim, owner_bytes, sql_err, us,
+};
 use crate::store::{ClaimRequest, Due, Owner, Recover, RecoverableCall, Taken};
 use crate::{Error, Key};
 
@@ -29,32 +33,6 @@ ON DUPLICATE KEY UPDATE namespace = VALUES(namespace), scope = VALUES(scope),
     expires_us = GREATEST(expires_us, VALUES(expires_us))"
 );
 
-const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 3, value = ?, lease_us = NULL, \
-     steps_base = steps_n, steps_expires_us = NULL, steps_fp = NULL, expires_us = ",
-    now!(),
-    " + ? WHERE id = ? AND state = 2 AND owner = ? AND lease_us > ",
-    now!()
-);
-
-const RELEASE: &str = concat!(
-    "UPDATE idem_records SET
-    expires_us = CASE WHEN token_expires_us > ",
-    now!(),
-    " THEN token_expires_us WHEN kind = 1 THEN ",
-    now!(),
-    " + ? ELSE ",
-    now!(),
-    " END,
-    state = CASE WHEN token_expires_us > ",
-    now!(),
-    " THEN 1 ELSE 0 END,
-    owner = NULL, fingerprint = NULL, lease_us = NULL
-WHERE id = ? AND state = 2 AND owner = ? AND expires_us > ",
-    now!()
-);
-
-const DROP_ROW: &str = "DELETE FROM idem_recovery WHERE id = ?";
 const DUE_NOW: &str = concat!(
     "UPDATE idem_recovery SET due_us = ",
     now!(),
@@ -96,11 +74,6 @@ FROM idem_recovery x, (SELECT ",
 WHERE (? IS NULL OR x.namespace = ?) AND (? IS NULL OR x.id = ?) AND x.expires_us > t.now
 ORDER BY x.due_us IS NULL, x.due_us LIMIT ?"
 );
-
-fn digest(id: Vec<u8>) -> Result<[u8; 16], Error> {
-    id.try_into()
-        .map_err(|_| Error::store(std::io::Error::other("a recovery row's id is not 16 bytes")))
-}
 
 async fn begin(dialect: &MySqlDialect) -> Result<sqlx::Transaction<'_, sqlx::MySql>, Error> {
     dialect.pool.begin().await.map_err(Error::store)
@@ -215,44 +188,29 @@ impl RecoveryDialect for MySqlDialect {
                 return Ok(None);
             };
             let get = |e: sqlx::Error| sql_err(Some(key), e);
-            let now: i64 = row.try_get("now").map_err(get)?;
-            let due: Option<i64> = row.try_get("due_us").map_err(get)?;
-            let expires: i64 = row.try_get("expires_us").map_err(get)?;
-            let state: Option<i16> = row.try_get("state").map_err(get)?;
-            let lease: Option<i64> = row.try_get("lease_us").map_err(get)?;
-            let rec_expires: Option<i64> = row.try_get("rec_expires_us").map_err(get)?;
-            let taken = match (state, lease, rec_expires) {
-                // Held: due again at its lease deadline.
-                (Some(2), Some(l), _) if l > now => {
-                    sqlx::query(
-                        "UPDATE idem_recovery SET due_us = ? WHERE id = ? AND due_us IS NOT NULL",
-                    )
-                    .bind(l)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(get)?;
-                    None
-                }
-                // Finished: it leaves the index.
-                (Some(3), _, Some(e)) if e > now => {
-                    sqlx::query(DROP_ROW)
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(get)?;
-                    None
-                }
-                _ if due.is_some_and(|d| d <= now) && expires > now => {
+            let read = TakeRead {
+                now: row.try_get("now").map_err(get)?,
+                due: row.try_get("due_us").map_err(get)?,
+                expires: row.try_get("expires_us").map_err(get)?,
+                state: row.try_get("state").map_err(get)?,
+                lease: row.try_get("lease_us").map_err(get)?,
+                record_expires: row.try_get("rec_expires_us").map_err(get)?,
+            };
+            let (sql, at) = match read.step() {
+                TakeStep::Held(lease) => (HOLD, Some(lease)),
+                TakeStep::Finished => (DROP_ROW, None),
+                TakeStep::Take => (TAKE, Some(read.now + us(backoff))),
+                TakeStep::Leave => return Ok(None),
+            };
+            let q = sqlx::query(sql);
+            let q = match at {
+                Some(at) => q.bind(at),
+                None => q,
+            };
+            q.bind(id).execute(&mut *tx).await.map_err(get)?;
+            let taken = match read.step() {
+                TakeStep::Take => {
                     let attempts: i32 = row.try_get("attempts").map_err(get)?;
-                    sqlx::query(
-                        "UPDATE idem_recovery SET attempts = attempts + 1, due_us = ? WHERE id = ?",
-                    )
-                    .bind(now + us(backoff))
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(get)?;
                     let args: Vec<u8> = row.try_get("args").map_err(get)?;
                     Some(Taken::new(
                         args.into(),
@@ -298,20 +256,17 @@ impl RecoveryDialect for MySqlDialect {
             rows.into_iter()
                 .map(|row| {
                     let get = |e: sqlx::Error| Error::store(e);
-                    let overdue: i64 = row.try_get("overdue_us").map_err(get)?;
                     let abandoned: i64 = row.try_get("abandoned").map_err(get)?;
-                    let steps: i64 = row.try_get("steps").map_err(get)?;
-                    Ok(RecoverableCall {
-                        namespace: row.try_get("namespace").map_err(get)?,
-                        scope: row.try_get("scope").map_err(get)?,
-                        digest: digest(row.try_get("id").map_err(get)?)?,
-                        attempts: u32::try_from(row.try_get::<i32, _>("attempts").map_err(get)?)
-                            .unwrap_or(0),
-                        parked: row.try_get("parked").map_err(get)?,
-                        overdue: Duration::from_micros(u64::try_from(overdue).unwrap_or(0)),
-                        abandoned: abandoned != 0,
-                        steps: u32::try_from(steps).unwrap_or(0),
-                    })
+                    listed(
+                        row.try_get("namespace").map_err(get)?,
+                        row.try_get("scope").map_err(get)?,
+                        row.try_get("id").map_err(get)?,
+                        row.try_get::<i64, _>("attempts").map_err(get)?,
+                        row.try_get("parked").map_err(get)?,
+                        row.try_get("overdue_us").map_err(get)?,
+                        abandoned != 0,
+                        row.try_get("steps").map_err(get)?,
+                    )
                 })
                 .collect()
         })

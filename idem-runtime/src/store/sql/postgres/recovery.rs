@@ -10,7 +10,7 @@ use sqlx::Row;
 use super::claims::{CLAIM_RECOVER, snapshot};
 use super::{BoxFuture, LOCK_RETENTION, PgDialect, kind_code, owner_bytes, sql_err, us};
 use crate::store::sql::record::Snapshot;
-use crate::store::sql::recovery::RecoveryDialect;
+use crate::store::sql::recovery::{RecoveryDialect, digest, listed};
 use crate::store::{ClaimRequest, Due, Owner, Recover, RecoverableCall, Taken};
 use crate::{Error, Key};
 
@@ -113,16 +113,6 @@ WHERE ($1::text IS NULL OR x.namespace = $1) AND ($3::bytea IS NULL OR x.id = $3
 ORDER BY x.due_us NULLS LAST LIMIT $2"
 );
 
-fn digest(key: Option<&Key>, id: Vec<u8>) -> Result<[u8; 16], Error> {
-    id.try_into().map_err(|_| match key {
-        Some(key) => Error::Corrupt {
-            key: *key,
-            reason: "a recovery row's id is not 16 bytes".into(),
-        },
-        None => Error::store(std::io::Error::other("a recovery row's id is not 16 bytes")),
-    })
-}
-
 impl RecoveryDialect for PgDialect {
     fn claim<'a>(
         &'a self,
@@ -190,7 +180,7 @@ impl RecoveryDialect for PgDialect {
                 .await
                 .map_err(Error::store)?;
             rows.into_iter()
-                .map(|(scope, id)| Ok(Due::new(scope, digest(None, id)?)))
+                .map(|(scope, id)| Ok(Due::new(scope, digest(id)?)))
                 .collect()
         })
     }
@@ -240,19 +230,16 @@ impl RecoveryDialect for PgDialect {
             rows.into_iter()
                 .map(|row| {
                     let get = |e: sqlx::Error| Error::store(e);
-                    let overdue: i64 = row.try_get("overdue_us").map_err(get)?;
-                    Ok(RecoverableCall {
-                        namespace: row.try_get("namespace").map_err(get)?,
-                        scope: row.try_get("scope").map_err(get)?,
-                        digest: digest(None, row.try_get("id").map_err(get)?)?,
-                        attempts: u32::try_from(row.try_get::<i32, _>("attempts").map_err(get)?)
-                            .unwrap_or(0),
-                        parked: row.try_get("parked").map_err(get)?,
-                        overdue: Duration::from_micros(u64::try_from(overdue).unwrap_or(0)),
-                        abandoned: row.try_get("abandoned").map_err(get)?,
-                        steps: u32::try_from(row.try_get::<i32, _>("steps").map_err(get)?)
-                            .unwrap_or(0),
-                    })
+                    listed(
+                        row.try_get("namespace").map_err(get)?,
+                        row.try_get("scope").map_err(get)?,
+                        row.try_get("id").map_err(get)?,
+                        row.try_get::<i32, _>("attempts").map_err(get)?.into(),
+                        row.try_get("parked").map_err(get)?,
+                        row.try_get("overdue_us").map_err(get)?,
+                        row.try_get("abandoned").map_err(get)?,
+                        row.try_get::<i32, _>("steps").map_err(get)?.into(),
+                    )
                 })
                 .collect()
         })
