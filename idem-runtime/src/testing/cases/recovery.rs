@@ -80,13 +80,7 @@ async fn drop_after_charge(idem: &Idem, id: &str, effects: &Arc<[AtomicUsize; 3]
     // A remote store gives the claim back on a task of its own: wait until it has.
     let key = idem.key(&RECOVER, format_args!("{id}"));
     for _ in 0..500 {
-        let calls = idem
-            .store()
-            .recovery()
-            .unwrap()
-            .list(Some(idem.namespace()), 1000)
-            .await
-            .unwrap();
+        let calls = recoverable(&idem).await;
         if calls
             .iter()
             .any(|c| c.digest == *key.digest() && c.abandoned)
@@ -96,6 +90,12 @@ async fn drop_after_charge(idem: &Idem, id: &str, effects: &Arc<[AtomicUsize; 3]
         tokio::time::sleep(ms(10)).await;
     }
     panic!("the dropped call of {id} was never given back");
+}
+
+/// The namespace's recoverable calls.
+async fn recoverable(idem: &Idem) -> Vec<RecoverableCall> {
+    let index = idem.store().recovery().unwrap();
+    index.list(Some(idem.namespace()), 1000).await.unwrap()
 }
 
 fn counts(effects: &[AtomicUsize; 3]) -> [usize; 3] {
@@ -129,13 +129,7 @@ pub async fn recovery_finishes_a_dropped_call(store: Arc<dyn Store>) {
     let idem = idem(&store);
     let effects: Arc<[AtomicUsize; 3]> = Arc::default();
     drop_after_charge(&idem, "o-1", &effects).await;
-    let listed = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let listed = recoverable(&idem).await;
     assert_eq!(
         listed.len(),
         1,
@@ -174,13 +168,7 @@ pub async fn recovery_finishes_a_dropped_call(store: Arc<dyn Store>) {
         [1, 1, 1],
         "the caller after recovery ran a step"
     );
-    let left = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let left = recoverable(&idem).await;
     assert!(
         left.is_empty(),
         "a completed call is still listed: {left:?}"
@@ -286,13 +274,7 @@ pub async fn an_err_is_not_recovered(store: Arc<dyn Store>) {
     let swept = recoverer(&idem, &effects).sweep().await.unwrap();
     assert_eq!(swept.found, 0, "a failed call was found due: {swept:?}");
     assert_eq!(counts(&effects), [0, 0, 0]);
-    let listed = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let listed = recoverable(&idem).await;
     assert!(listed.is_empty(), "{listed:?}");
 }
 
@@ -307,13 +289,7 @@ pub async fn an_unknown_function_is_left_alone(store: Arc<dyn Store>) {
     drop_after_charge(&idem, "o-3", &effects).await;
     let blind = idem.recoverer().sweep().await.unwrap();
     assert_eq!((blind.found, blind.unknown), (1, 1), "{blind:?}");
-    let listed: Vec<RecoverableCall> = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let listed: Vec<RecoverableCall> = recoverable(&idem).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(
         listed[0].attempts, 0,
@@ -365,13 +341,7 @@ pub async fn the_last_attempt_parks_the_call(store: Arc<dyn Store>) {
         tokio::time::sleep(ms(10)).await;
     }
     assert_eq!(parked, 1, "the call was not parked after its last attempt");
-    let listed = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let listed = recoverable(&idem).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].parked.is_some(), "{listed:?}");
     assert_eq!(listed[0].attempts, 3, "{listed:?}");
@@ -394,13 +364,7 @@ pub async fn the_last_attempt_parks_the_call(store: Arc<dyn Store>) {
     );
     let swept = recoverer(&idem, &effects).sweep().await.unwrap();
     assert_eq!(swept.parked, 1, "{swept:?}");
-    let listed = idem
-        .store()
-        .recovery()
-        .unwrap()
-        .list(Some(idem.namespace()), 10)
-        .await
-        .unwrap();
+    let listed = recoverable(&idem).await;
     let bad = listed.iter().find(|c| c.digest == *key.digest()).unwrap();
     assert!(bad.parked.as_deref().unwrap().contains("decode"), "{bad:?}");
 }
