@@ -65,13 +65,17 @@ pub(super) trait RecoveryDialect: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<RecoverableCall>, Error>>;
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// Statements MySQL and SQLite share (positional `?`, no clock: `now` is bound).
 pub(super) const HOLD: &str =
     "UPDATE idem_recovery SET due_us = ? WHERE id = ? AND due_us IS NOT NULL";
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) const DROP_ROW: &str = "DELETE FROM idem_recovery WHERE id = ?";
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) const TAKE: &str =
     "UPDATE idem_recovery SET attempts = attempts + 1, due_us = ? WHERE id = ?";
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// A due call's recovery row and its record, as a take's transaction read them
 /// (MySQL, SQLite; PostgreSQL decides in its statement), by the database's clock.
 pub(super) struct TakeRead {
@@ -83,6 +87,7 @@ pub(super) struct TakeRead {
     pub(super) record_expires: Option<i64>,
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// What a take does with what it read.
 pub(super) enum TakeStep {
     /// Still held: due again at its lease deadline ([`HOLD`]).
@@ -95,6 +100,7 @@ pub(super) enum TakeStep {
     Leave,
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl TakeRead {
     pub(super) fn step(&self) -> TakeStep {
         match (self.state, self.lease, self.record_expires) {

@@ -18,7 +18,12 @@ use crate::{Error, Key};
 /// Completes the row if `$2` holds it with a live lease, and drops its step journal:
 /// the counter moves past every entry (so none is read again), and the entries are
 /// deleted.
-const COMPLETE: &str = concat!(
+const COMPLETE: &str = complete_sql!("");
+
+/// [`COMPLETE`] with one more CTE after its own (with its leading comma), which may read
+/// `done`, the completed row.
+macro_rules! complete_sql {
+    ($($c:tt)*) => { concat!(
     "WITH t AS (SELECT ",
     now!(),
     " AS now),
@@ -30,9 +35,13 @@ done AS (
     WHERE r.id = $1 AND r.state = 2 AND r.owner = $2 AND r.lease_us > t.now
     RETURNING r.id, r.steps_n
 ),
-gone AS (DELETE FROM idem_steps s USING done WHERE s.id = done.id AND s.seq <= done.steps_n)
+gone AS (DELETE FROM idem_steps s USING done WHERE s.id = done.id AND s.seq <= done.steps_n)",
+    $($c)*,
+    "
 SELECT COUNT(*)::int8 FROM done"
-);
+    )};
+}
+pub(super) use complete_sql;
 
 pub(in super::super) async fn complete(
     conn: &mut PgConnection,

@@ -15,21 +15,9 @@ use crate::store::{ClaimRequest, Due, Owner, Recover, RecoverableCall, Taken};
 use crate::{Error, Key};
 
 /// [`COMPLETE`](super::records) that also drops the call's recovery row.
-const SETTLE_COMPLETE: &str = concat!(
-    "WITH t AS (SELECT ",
-    now!(),
-    " AS now),
-done AS (
-    UPDATE idem_records r SET state = 3, value = $3, lease_us = NULL,
-        expires_us = t.now + $4,
-        steps_base = r.steps_n, steps_expires_us = NULL, steps_fp = NULL
-    FROM t
-    WHERE r.id = $1 AND r.state = 2 AND r.owner = $2 AND r.lease_us > t.now
-    RETURNING r.id, r.steps_n
-),
-gone AS (DELETE FROM idem_steps s USING done WHERE s.id = done.id AND s.seq <= done.steps_n),
-rec AS (DELETE FROM idem_recovery x USING done WHERE x.id = done.id)
-SELECT COUNT(*)::int8 FROM done"
+const SETTLE_COMPLETE: &str = super::records::complete_sql!(
+    ",
+rec AS (DELETE FROM idem_recovery x USING done WHERE x.id = done.id)"
 );
 
 /// The release of a claim (as `RELEASE`), and what happens to its recovery row: `$4`
