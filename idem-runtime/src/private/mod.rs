@@ -9,16 +9,16 @@
 //! - One helper is for the workspace's own tests instead (`without_returning`), so that
 //!   `SqlStore` has no hidden method of its own.
 
+mod args;
 mod bounds;
 mod entry;
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 mod no_sql;
 mod probe;
 
-pub use crate::recover::{
-    ArgsReader, ArgsWriter, Context, Ran, Recoverable, decode_args, encode_args, ran,
-};
+pub use crate::recover::{Context, Ran, Recoverable, decode_args, encode_args, ran};
 pub use crate::store::BoxFuture;
+pub use args::{ArgsReader, ArgsWriter};
 pub use bounds::{
     CarriesIdemErrors, Fingerprinted, Recorded, ReplayableErr, ReplayableOk, Reported, Returns,
     carries_idem_errors, fingerprinted, recorded, replayable_err, replayable_ok, reported,

@@ -52,7 +52,7 @@ use tracing::Instrument as _;
 
 pub use registry::Context;
 #[doc(hidden)]
-pub use registry::{ArgsReader, ArgsWriter, Need, Ran, Recoverable, decode_args, encode_args, ran};
+pub use registry::{Need, Ran, Recoverable, decode_args, encode_args, ran};
 
 use crate::store::RecoveryStore;
 use crate::{Error, Idem, Key, Options};

@@ -80,7 +80,7 @@ async fn drop_after_charge(idem: &Idem, id: &str, effects: &Arc<[AtomicUsize; 3]
     // A remote store gives the claim back on a task of its own: wait until it has.
     let key = idem.key(&RECOVER, format_args!("{id}"));
     for _ in 0..500 {
-        let calls = recoverable(&idem).await;
+        let calls = recoverable(idem).await;
         if calls
             .iter()
             .any(|c| c.digest == *key.digest() && c.abandoned)
