@@ -11,7 +11,8 @@ use futures_util::future::LocalBoxFuture;
 use crate::args::Args;
 use crate::report::Report;
 use crate::{
-    consumer, durable, footprint, guarantees, http, peers, redis, scaling, sql, steps, work,
+    consumer, durable, footprint, guarantees, http, peers, recovery, redis, scaling, sql, steps,
+    work,
 };
 
 /// One case family.
@@ -54,6 +55,11 @@ pub const FAMILIES: &[Family] = &[
         name: "durable",
         about: "a 3-step workflow in idem (postgres, redis) beside DBOS, durare and durable-rust on the same postgres --sql",
         run: |a, r| Box::pin(durable::run(a, r)),
+    },
+    Family {
+        name: "recovery",
+        about: "N calls abandoned after step 2 by a killed process, finished by idem's recoverer (postgres, redis), DBOS's relaunch and durare's recover",
+        run: |a, r| Box::pin(recovery::run(a, r)),
     },
     Family {
         name: "consumer",

@@ -15,7 +15,8 @@
 //!    (tables and `ratio` lines), [`chart`] (the SVG);
 //! 2. one module per case family: [`peers`] (`memory` and `peers`), [`redis`], [`sql`],
 //!    [`steps`] (a durable step against a raw write), [`durable`] (the 3-step workflow
-//!    against the Rust durable-workflow libraries), [`consumer`], [`http`],
+//!    against the Rust durable-workflow libraries), [`recovery`] (abandoned calls finished
+//!    by each library's recovery), [`consumer`], [`http`],
 //!    [`guarantees`], [`scaling`], [`footprint`], [`replay`] (the `metrics` feature's cost,
 //!    run by `bench/metrics-cost.sh` rather than by the load program);
 //! 3. [`cases`]: every family wired in one place, and the full run. A new family is a
@@ -38,6 +39,7 @@ pub mod footprint;
 pub mod guarantees;
 pub mod http;
 pub mod peers;
+pub mod recovery;
 pub mod redis;
 pub mod replay;
 pub mod scaling;

@@ -16,7 +16,7 @@
 use std::process::ExitCode;
 
 use idem_bench::args::Args;
-use idem_bench::{cases, chart, durable, footprint, guarantees};
+use idem_bench::{cases, chart, durable, footprint, guarantees, recovery};
 
 const USAGE: &str = "\
 usage: idem-bench [--redis URL] [--sql URL]... [--quick] [--cases LIST] [--svg PATH]
@@ -65,9 +65,9 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 
 fn main() -> ExitCode {
     let mut raw = std::env::args().skip(1).peekable();
-    // Child processes of the guarantee, footprint and durable checks: a crash must be a
-    // real process dying, and a footprint or a count of round trips is measured in a
-    // process of its own.
+    // Child processes of the guarantee, footprint, durable and recovery checks: a crash
+    // must be a real process dying, and a footprint or a count of round trips is measured
+    // in a process of its own.
     match raw.peek().map(String::as_str) {
         Some("--child") => {
             raw.next();
@@ -80,6 +80,10 @@ fn main() -> ExitCode {
         Some("--durable-trips-child") => {
             raw.next();
             return durable::trips_child(raw.collect());
+        }
+        Some("--recovery-child") => {
+            raw.next();
+            return recovery::child(raw.collect());
         }
         _ => {}
     }

@@ -30,8 +30,9 @@
 
 mod dbos;
 mod durable_rust;
-mod durare;
-mod flow;
+// `recovery` reuses the checkout's effects, shared parts and durare's schema.
+pub(crate) mod durare;
+pub(crate) mod flow;
 mod idem;
 mod measure;
 mod trips;
