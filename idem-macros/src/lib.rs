@@ -60,6 +60,8 @@ use proc_macro::TokenStream;
 /// | `cache_err = true` | store `Err` results too (`E: Serialize + DeserializeOwned`) instead of releasing the key; not for `lock`, nor with `transaction` | `false` |
 /// | `transaction = tx` | on a `SqlStore` (a feature `postgres`, `mysql` or `sqlite` of idem-runtime): claim, run and record inside the caller's open transaction, the parameter `tx` (`&mut sqlx::Transaction<'_, DB>`); they commit together with its writes. An `Err` rolls back to before the call. `dedup` only | none |
 /// | `idem = expr` | the runtime this function uses: any expression giving an `Idem` or `&Idem`, which may read the parameters (`self.idem`, `&state.idem`); then neither `init` nor `Idem::scope` is needed, and an enclosing scope is ignored | the current runtime: the enclosing `Idem::scope`, else `init`'s, else a process-local `MemoryStore` (said once on stderr) |
+/// | `recover` | the arguments are recorded with the claim, and a recoverer finishes the call if its caller goes away (see `idem_runtime::recover`); a free `async fn` without generics, `dedup` only, every argument `Serialize + DeserializeOwned` (a `&T` recorded as `T`) unless named in `context` | off |
+/// | `context = [a, b]` | with `recover`: the arguments that are dependencies, not data (a pool, a client); a recoverer gives them by type from `Recoverer::provide` (`&T` a reference to it, `T` a clone) | none |
 /// | `crate = "path"` | where the runtime is, for a renamed dependency | `::idem_runtime` |
 ///
 /// Durations are an integer and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"7d"`).
