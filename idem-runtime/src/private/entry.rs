@@ -66,7 +66,7 @@ where
     F: Future<Output = Result<T, E>>,
 {
     debug_assert_eq!(opts.strategy, Strategy::Dedup);
-    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, reuse, body)
+    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Dedup, key, fp, None, reuse, body)
 }
 
 /// Dedup of a function marked `recover`: `args` are its arguments as recorded with the
@@ -88,7 +88,8 @@ where
     debug_assert_eq!(opts.strategy, Strategy::Dedup);
     async move {
         let args = args.map_err(E::from)?;
-        dedup::run_recoverable::<C, T, E, F>(rt, opts, key, fp, args, reuse, body).await
+        let kind = ClaimKind::Dedup;
+        dedup::run::<C, T, E, F>(rt, opts, kind, key, fp, Some(args), reuse, body).await
     }
 }
 
@@ -140,7 +141,7 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, reuse, body)
+    dedup::run::<C, T, E, F>(rt, opts, ClaimKind::Token, key, fp, None, reuse, body)
 }
 
 /// Lock, as expanded from the attribute.

@@ -122,8 +122,16 @@ impl Idem {
         let args = encode_args(&key, args);
         async move {
             let args = args.map_err(E::from)?;
-            crate::strategy::dedup::run_recoverable::<crate::codec::ReplayOk, T, E, F>(
-                self, opts, key, None, args, None, body,
+            let kind = crate::store::ClaimKind::Dedup;
+            crate::strategy::dedup::run::<crate::codec::ReplayOk, T, E, F>(
+                self,
+                opts,
+                kind,
+                key,
+                None,
+                Some(args),
+                None,
+                body,
             )
             .await
         }

@@ -396,6 +396,7 @@ impl Idem {
                 key,
                 None,
                 None,
+                None,
                 body,
             )
             .await?;

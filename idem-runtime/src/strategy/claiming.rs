@@ -441,7 +441,9 @@ impl ClaimGuard {
                 Some(writes) => Some(writes.write_owned().await),
                 None => None,
             };
-            let given_back = match store.recovery().filter(|_| abandon) {
+            // As in `settle_call`: a plain call's guard does not ask for the index.
+            let index = if abandon { store.recovery() } else { None };
+            let given_back = match index {
                 Some(recovery) => recovery.abandon(&key, owner).await,
                 None => store.release(&key, owner).await,
             };

@@ -29,16 +29,22 @@ use std::fmt;
 /// Claim, run, then complete (or release on a non-cached `Err`), in the call's `idem`
 /// span (see [`observe`]).
 ///
+/// `recover`: a recoverable dedup call's encoded arguments, recorded with the claim on a
+/// store with a recovery index, so that a recoverer can finish the call if its caller
+/// never does (see [`crate::recover`]).
+///
 /// `reuse`: replay by clone on an in-process store (see [`CloneReplay`]).
 ///
 /// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that
 /// entry points can return this future directly instead of wrapping it in another.
+#[allow(clippy::too_many_arguments)] // what a call is, each once
 pub(crate) fn run<C, T, E, F>(
     idem: impl Deref<Target = Idem>,
     opts: &Options,
     kind: ClaimKind,
     key: Key,
     fingerprint: Option<Fingerprint>,
+    recover: Option<Bytes>,
     reuse: Option<CloneReplay<T>>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
@@ -47,33 +53,6 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    observe::instrument(
-        opts,
-        &key,
-        call::<C, T, E, F>(idem, opts, kind, key, fingerprint, None, reuse, body),
-    )
-}
-
-/// [`run`] for a recoverable dedup call: `args` (the call's encoded arguments) are
-/// recorded with the claim, on a store with a recovery index, so that a recoverer can
-/// finish the call if its caller never does (see [`crate::recover`]).
-#[allow(clippy::too_many_arguments)] // `run`'s, and the arguments
-pub(crate) fn run_recoverable<C, T, E, F>(
-    idem: impl Deref<Target = Idem>,
-    opts: &Options,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    args: Bytes,
-    reuse: Option<CloneReplay<T>>,
-    body: F,
-) -> impl Future<Output = Result<T, E>>
-where
-    C: Codec<T, E>,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-{
-    let kind = ClaimKind::Dedup;
-    let recover = Some(args);
     observe::instrument(
         opts,
         &key,
@@ -386,6 +365,15 @@ impl Idem {
         F: Future<Output = Result<T, E>>,
     {
         let key = self.key(opts, format_args!("{key}"));
-        run::<C, T, E, F>(self, opts, ClaimKind::Dedup, key, fingerprint, None, body)
+        run::<C, T, E, F>(
+            self,
+            opts,
+            ClaimKind::Dedup,
+            key,
+            fingerprint,
+            None,
+            None,
+            body,
+        )
     }
 }

@@ -58,6 +58,7 @@ impl Idem {
         F: Future<Output = Result<T, E>>,
     {
         let key = self.token_key(token);
-        super::dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, None, body).await
+        super::dedup::run::<C, T, E, F>(self, opts, ClaimKind::Token, key, None, None, None, body)
+            .await
     }
 }
