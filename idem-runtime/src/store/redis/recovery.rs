@@ -27,6 +27,7 @@ use redis::{Script, Value};
 use super::RedisStore;
 use super::journal::STEPS;
 use super::record::{ceil_millis, corrupt, evalsha};
+use super::store_impl::GiveBack;
 use crate::store::{BoxFuture, Due, Owner, RecoverableCall, RecoveryStore, Taken};
 use crate::{Error, Key};
 
@@ -157,15 +158,15 @@ impl RecoveryStore for RedisStore {
         owner: Owner,
         settle: Option<(Bytes, Duration)>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        // The completion and release scripts keep the index already.
+        // The completion and release scripts, told the call is recoverable, keep the index.
         match settle {
-            Some((value, ttl)) => crate::Store::complete(self, key, owner, value, ttl),
-            None => Box::pin(self.give_back(key, owner, false)),
+            Some((value, ttl)) => Box::pin(self.finish(key, owner, value, ttl, true)),
+            None => Box::pin(self.give_back(key, owner, GiveBack::Released)),
         }
     }
 
     fn abandon<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.give_back(key, owner, true))
+        Box::pin(self.give_back(key, owner, GiveBack::Abandoned))
     }
 
     fn due<'a>(

@@ -54,14 +54,48 @@ impl RedisStore {
     }
 }
 
+/// What a release is, for a stepped record's recovery data (see `release.lua`).
+#[derive(Clone, Copy)]
+pub(super) enum GiveBack {
+    /// A plain call's: it has no recovery data, and nothing of it is touched.
+    Plain,
+    /// A recoverable call's after an `Err`: its arguments and index entry go.
+    Released,
+    /// A dropped recoverable call's: it stays, due now.
+    Abandoned,
+}
+
 impl RedisStore {
-    /// Releases `owner`'s claim; `abandon`: a dropped call's, which stays due for
-    /// recovery if it is recoverable, where a released one leaves the index.
+    /// Completes `owner`'s claim; `recoverable`: a recoverable call's, which also leaves
+    /// its recovery index (a plain call names no index, so its completion pays nothing
+    /// for recovery).
+    pub(super) async fn finish(
+        &self,
+        key: &Key,
+        owner: Owner,
+        value: Bytes,
+        ttl: Duration,
+        recoverable: bool,
+    ) -> Result<bool, Error> {
+        let names = self.name_with(key, STEPS);
+        let index = recoverable.then(|| self.index_of(key));
+        let mut cmd = evalsha(&COMPLETE, 2 + usize::from(recoverable));
+        cmd.arg(&names[..names.len() - STEPS.len()])
+            .arg(&names)
+            .arg(index)
+            .arg(&owner.0.to_be_bytes()[..])
+            .arg(value.as_ref())
+            .arg(ceil_millis(ttl))
+            .arg(self.inner.notifier.channel());
+        self.eval_bool_acked(key, &COMPLETE, cmd).await
+    }
+
+    /// Releases `owner`'s claim, as `how` says (see `release.lua`).
     pub(super) async fn give_back(
         &self,
         key: &Key,
         owner: Owner,
-        abandon: bool,
+        how: GiveBack,
     ) -> Result<bool, Error> {
         let names = self.name_with(key, STEPS);
         let index = self.index_of(key);
@@ -71,7 +105,11 @@ impl RedisStore {
             .arg(index)
             .arg(&owner.0.to_be_bytes()[..])
             .arg(self.inner.notifier.channel())
-            .arg(if abandon { "a" } else { "-" });
+            .arg(match how {
+                GiveBack::Plain => "-",
+                GiveBack::Released => "r",
+                GiveBack::Abandoned => "a",
+            });
         self.eval_bool(key, &RELEASE, cmd).await
     }
 }
@@ -174,23 +212,11 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let names = self.name_with(key, STEPS);
-            let index = self.index_of(key);
-            let mut cmd = evalsha(&COMPLETE, 3);
-            cmd.arg(&names[..names.len() - STEPS.len()])
-                .arg(&names)
-                .arg(index)
-                .arg(&owner.0.to_be_bytes()[..])
-                .arg(value.as_ref())
-                .arg(ceil_millis(ttl))
-                .arg(self.inner.notifier.channel());
-            self.eval_bool_acked(key, &COMPLETE, cmd).await
-        })
+        Box::pin(self.finish(key, owner, value, ttl, false))
     }
 
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(self.give_back(key, owner, false))
+        Box::pin(self.give_back(key, owner, GiveBack::Plain))
     }
 
     fn renew<'a>(

@@ -1,7 +1,7 @@
 -- Completes a claim if `owner` still holds it with a live lease (one round trip).
 --
 -- KEYS[1] record; KEYS[2] its step journal, dropped with a stepped or token claim's
--- completion (a plain dedup claim has none); KEYS[3] the namespace's recovery index; ARGV[1] owner (16 bytes); ARGV[2] value;
+-- completion (a plain dedup claim has none); KEYS[3] (a recoverable call's only) its recovery index; ARGV[1] owner (16 bytes); ARGV[2] value;
 -- ARGV[3] ttl in ms (>= 1); ARGV[4] channel.
 -- Replies 1 (completed), 0 (not the holder), or {0, reason} (corrupt).
 -- Runs after held.lua: `v` is a record in progress held by ARGV[1].
@@ -18,8 +18,10 @@ else
 end
 if ld then
   redis.call('DEL', KEYS[2])
-  -- KEYS[3]: the recovery index; a recoverable call leaves it.
-  redis.call('ZREM', KEYS[3], rec)
+  -- KEYS[3], given for a recoverable call only: its recovery index, which it leaves.
+  if KEYS[3] then
+    redis.call('ZREM', KEYS[3], rec)
+  end
 end
 if w == 119 then
   redis.call('PUBLISH', ARGV[4], rec)

@@ -3,8 +3,10 @@
 -- a stepped record for its journal, its lease ended.
 --
 -- KEYS[1] record; KEYS[2] its journal; KEYS[3] the namespace's recovery index;
--- ARGV[1] owner (16 bytes); ARGV[2] channel; ARGV[3] 'a' to abandon (a dropped call: a
--- recoverable one stays, due now) rather than release (an `Err`: not recovered).
+-- ARGV[1] owner (16 bytes); ARGV[2] channel; ARGV[3] what the release is: '-' a plain
+-- call's (no recovery data to touch), 'r' a recoverable call's after an `Err` (its
+-- arguments and index entry go: not recovered), 'a' a dropped recoverable call's (it
+-- stays, due now).
 -- A stepped release always answers 1 once past the owner check: the call is over.
 -- Replies 1 (released), 0 (not the holder), or {0, reason} (corrupt).
 -- Runs after held.lua: `v` is a record in progress held by ARGV[1].
@@ -21,7 +23,7 @@ if k == 115 then
     if redis.call('HEXISTS', KEYS[2], '\254') == 1 then
       redis.call('ZADD', KEYS[3], now, rec)
     end
-  else
+  elseif ARGV[3] == 'r' then
     redis.call('HDEL', KEYS[2], '\254', '\253', '\252')
     redis.call('ZREM', KEYS[3], rec)
   end
