@@ -75,6 +75,39 @@ WHERE (? IS NULL OR x.namespace = ?) AND (? IS NULL OR x.id = ?) AND x.expires_u
 ORDER BY x.due_us IS NULL, x.due_us LIMIT ?"
 );
 
+/// How many times a transaction InnoDB chose as a deadlock's victim runs again.
+const DEADLOCK_RETRIES: u32 = 5;
+
+/// Runs the transaction `run` until it is not a deadlock's victim, a bounded number of
+/// times. A take locks the recovery row before the record's, while a claim or
+/// completion locks the record's first (each statement locks rows as it reads them), so
+/// two of them can wait on each other; InnoDB then rolls one back whole, so running it
+/// again is safe and nothing of it is left.
+async fn retry_deadlocked<T, F, Fut>(mut run: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match run().await {
+            Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// InnoDB's "Deadlock found when trying to get lock" (ER_LOCK_DEADLOCK, SQLSTATE 40001).
+fn is_deadlock(e: &Error) -> bool {
+    let Error::Store(source) = e else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::Database(db)) if db.code().as_deref() == Some("40001")
+    )
+}
+
 async fn begin(dialect: &MySqlDialect) -> Result<sqlx::Transaction<'_, sqlx::MySql>, Error> {
     dialect.pool.begin().await.map_err(Error::store)
 }
@@ -90,7 +123,7 @@ impl RecoveryDialect for MySqlDialect {
         req: &'a ClaimRequest,
         recover: &'a Recover,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
-        Box::pin(async move {
+        Box::pin(retry_deadlocked(move || async move {
             let mut tx = begin(self).await?;
             let conn: &mut MySqlConnection = &mut tx;
             let snap = claim(conn, self.returning, true, key, req).await?;
@@ -108,7 +141,7 @@ impl RecoveryDialect for MySqlDialect {
             }
             commit(tx).await?;
             Ok(snap)
-        })
+        }))
     }
 
     fn settle<'a>(
@@ -120,31 +153,35 @@ impl RecoveryDialect for MySqlDialect {
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
             let owner = owner_bytes(owner);
-            let mut tx = begin(self).await?;
-            let ended = match settle {
-                Some((value, ttl)) => sqlx::query(COMPLETE)
-                    .bind(value.as_ref())
-                    .bind(us(ttl))
-                    .bind(&key.digest()[..])
-                    .bind(&owner[..]),
-                None => sqlx::query(RELEASE)
-                    .bind(us(LOCK_RETENTION))
-                    .bind(&key.digest()[..])
-                    .bind(&owner[..]),
-            }
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| super::journal::packet_err(key, e))?
-            .rows_affected()
-                == 1;
-            if ended {
-                sqlx::query(if abandon { DUE_NOW } else { DROP_ROW })
-                    .bind(&key.digest()[..])
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| sql_err(Some(key), e))?;
-            }
-            commit(tx).await?;
+            let ended = retry_deadlocked(|| async {
+                let mut tx = begin(self).await?;
+                let ended = match settle {
+                    Some((value, ttl)) => sqlx::query(COMPLETE)
+                        .bind(value.as_ref())
+                        .bind(us(ttl))
+                        .bind(&key.digest()[..])
+                        .bind(&owner[..]),
+                    None => sqlx::query(RELEASE)
+                        .bind(us(LOCK_RETENTION))
+                        .bind(&key.digest()[..])
+                        .bind(&owner[..]),
+                }
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| super::journal::packet_err(key, e))?
+                .rows_affected()
+                    == 1;
+                if ended {
+                    sqlx::query(if abandon { DUE_NOW } else { DROP_ROW })
+                        .bind(&key.digest()[..])
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| sql_err(Some(key), e))?;
+                }
+                commit(tx).await?;
+                Ok(ended)
+            })
+            .await?;
             if ended && settle.is_some() {
                 // The completed journal's entries, dead already: this only frees space.
                 super::drop_dead_steps(&self.pool, key).await?;
@@ -176,7 +213,7 @@ impl RecoveryDialect for MySqlDialect {
         key: &'a Key,
         backoff: Duration,
     ) -> BoxFuture<'a, Result<Option<Taken>, Error>> {
-        Box::pin(async move {
+        Box::pin(retry_deadlocked(move || async move {
             let id = &key.digest()[..];
             let mut tx = begin(self).await?;
             let Some(row) = sqlx::query(TAKE_READ)
@@ -221,7 +258,7 @@ impl RecoveryDialect for MySqlDialect {
             };
             commit(tx).await?;
             Ok(taken)
-        })
+        }))
     }
 
     fn park<'a>(&'a self, key: &'a Key, error: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
