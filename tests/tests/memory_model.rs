@@ -293,7 +293,7 @@ async fn run_store(
             let req = ClaimRequest::new(kind(key), owner(o), ms(lease))
                 .with_fingerprint(Some(fingerprint(fp)));
             match store.claim(&keys[key as usize], &req).await.unwrap() {
-                ClaimOutcome::Claimed { fence } => {
+                ClaimOutcome::Claimed { fence, .. } => {
                     if kind(key) == ClaimKind::Lock {
                         assert!(fence > *last_fence, "fence {fence} after {last_fence}");
                         *last_fence = fence;

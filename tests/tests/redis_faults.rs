@@ -206,7 +206,7 @@ async fn paused_holder_cannot_release_the_new_holders_lock() {
     let me = ClaimRequest::new(ClaimKind::Lock, Owner::next(), Duration::from_secs(60));
     let f2 = loop {
         match store.claim(&key, &me).await.unwrap() {
-            ClaimOutcome::Claimed { fence } => break fence,
+            ClaimOutcome::Claimed { fence, .. } => break fence,
             ClaimOutcome::Busy { retry_in, .. } => tokio::time::sleep(retry_in + ms(5)).await,
             other => panic!("{other:?}"),
         }

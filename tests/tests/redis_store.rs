@@ -206,7 +206,7 @@ async fn scripts_are_reloaded_after_a_flush() {
         let req = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(5000));
         assert_eq!(
             store.claim(&key, &req).await.unwrap(),
-            ClaimOutcome::Claimed { fence: 0 }
+            ClaimOutcome::claimed(0)
         );
         server.cli(&["SCRIPT", "FLUSH"]);
         assert!(store.renew(&key, req.owner, ms(5000)).await.unwrap());
@@ -520,7 +520,13 @@ async fn stepped_records_keep_their_journal_and_its_payload() {
     for r in racers {
         let (req, outcome) = r.await.unwrap();
         match (req.fingerprint == fa, outcome) {
-            (true, ClaimOutcome::Resumed { journal }) => {
+            (
+                true,
+                ClaimOutcome::Claimed {
+                    journal: Some(journal),
+                    ..
+                },
+            ) => {
                 assert!(winner.is_none(), "two owners took the record");
                 assert_eq!(journal.len(), 1, "the fingerprint field is no step");
                 assert_eq!(journal[0].name, "charge");
@@ -638,12 +644,15 @@ async fn token_journals_belong_to_their_payload() {
     let blind = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000));
     assert!(matches!(
         store.claim(&key, &blind).await.unwrap(),
-        ClaimOutcome::Resumed { .. }
+        ClaimOutcome::Claimed {
+            journal: Some(_),
+            ..
+        }
     ));
     assert!(store.release(&key, blind.owner).await.unwrap());
     let again = ClaimRequest::new(ClaimKind::Token, Owner::next(), ms(30_000)).with_fingerprint(fa);
     assert!(
-        matches!(store.claim(&key, &again).await.unwrap(), ClaimOutcome::Resumed { journal } if journal.len() == 1)
+        matches!(store.claim(&key, &again).await.unwrap(), ClaimOutcome::Claimed { journal: Some(journal), .. } if journal.len() == 1)
     );
 }
 
@@ -783,7 +792,7 @@ async fn fences_survive_a_lost_counter() {
     let mut last = 0;
     for round in 0..4 {
         let req = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(5000));
-        let ClaimOutcome::Claimed { fence } = store.claim(&key, &req).await.unwrap() else {
+        let ClaimOutcome::Claimed { fence, .. } = store.claim(&key, &req).await.unwrap() else {
             panic!("lock not acquired")
         };
         assert!(fence > last, "round {round}: {fence} after {last}");
@@ -813,7 +822,7 @@ async fn fences_increase_after_the_counter_expires() {
     for round in 0..3 {
         // A lease long enough not to lapse on a busy machine before the release.
         let req = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(500));
-        let ClaimOutcome::Claimed { fence } = store.claim(&key, &req).await.unwrap() else {
+        let ClaimOutcome::Claimed { fence, .. } = store.claim(&key, &req).await.unwrap() else {
             panic!("lock not acquired")
         };
         assert!(fence > last, "round {round}: {fence} after {last}");

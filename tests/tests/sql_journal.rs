@@ -190,7 +190,10 @@ async fn a_hundred_big_steps_each_intact_and_the_write_costs_that_step() {
 
         let (heir, got) = claim(&store, &key, 7).await;
         match &got {
-            ClaimOutcome::Resumed { journal } => assert_entries(label, journal, STEPS, LEN),
+            ClaimOutcome::Claimed {
+                journal: Some(journal),
+                ..
+            } => assert_entries(label, journal, STEPS, LEN),
             other => panic!("{label}: the takeover did not resume: {other:?}"),
         }
         assert!(
@@ -300,7 +303,10 @@ async fn a_takeover_resumes_every_acknowledged_write() {
             let resumed = loop {
                 match store.claim(&key, &new).await.unwrap() {
                     ClaimOutcome::Busy { .. } => tokio::time::sleep(ms(5)).await,
-                    ClaimOutcome::Resumed { journal } => break journal,
+                    ClaimOutcome::Claimed {
+                        journal: Some(journal),
+                        ..
+                    } => break journal,
                     other => panic!("{label}: {other:?}"),
                 }
             };
@@ -534,7 +540,11 @@ async fn a_version_3_journal_is_carried_over() {
         .await
         .expect("migrates to version 4");
     let (owner, got) = claim(&store, &key, 1).await;
-    let ClaimOutcome::Resumed { journal } = got else {
+    let ClaimOutcome::Claimed {
+        journal: Some(journal),
+        ..
+    } = got
+    else {
         panic!("the carried-over journal was not resumed: {got:?}");
     };
     let by_name =

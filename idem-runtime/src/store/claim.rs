@@ -125,20 +125,17 @@ impl ClaimRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClaimOutcome {
-    /// The caller now holds the key. `fence` is the key's new fencing token for
-    /// [`ClaimKind::Lock`] (strictly greater than every earlier one), 0 otherwise.
+    /// The caller now holds the key.
     Claimed {
-        /// The fencing token.
+        /// The key's new fencing token for [`ClaimKind::Lock`] (strictly greater than
+        /// every earlier one), 0 otherwise.
         fence: u64,
-    },
-    /// The caller now holds the key, and the record has a step journal left by earlier
-    /// attempts (they released it, were dropped, or their lease ran out): returned by
-    /// the claim itself, so resuming costs no extra round trip. Only a store with a
-    /// [`JournalStore`](super::JournalStore) answers it, and only to dedup and token
-    /// claims; a fence is 0 there. Treat it as `Claimed { fence: 0 }` plus the journal.
-    Resumed {
-        /// The journal's entries.
-        journal: super::Journal,
+        /// The step journal earlier attempts left on the record (they released it, were
+        /// dropped, or their lease ran out), returned by the claim itself so resuming
+        /// costs no extra round trip; `None` if it has no entries. Only a store with a
+        /// [`JournalStore`](super::JournalStore) fills it, and only for dedup and token
+        /// claims.
+        journal: Option<super::Journal>,
     },
     /// Another owner holds the key; its lease ends in `retry_in` unless renewed.
     Busy {
@@ -172,6 +169,25 @@ pub enum ClaimOutcome {
         /// The fingerprint the journal was written under.
         fingerprint: Fingerprint,
     },
+}
+
+impl ClaimOutcome {
+    /// [`Claimed`](Self::Claimed) with `fence` and no journal: a fresh claim.
+    pub fn claimed(fence: u64) -> Self {
+        ClaimOutcome::Claimed {
+            fence,
+            journal: None,
+        }
+    }
+
+    /// A dedup or token claim that took a record whose step journal is `journal`:
+    /// [`Claimed`](Self::Claimed) with fence 0, carrying the journal if it has entries.
+    pub fn resuming(journal: super::Journal) -> Self {
+        ClaimOutcome::Claimed {
+            fence: 0,
+            journal: (!journal.is_empty()).then_some(journal),
+        }
+    }
 }
 
 /// A one-shot notification that a record may have changed.

@@ -16,7 +16,7 @@
 //!   **keep** the journal;
 //! - a dedup or token claim that takes the record (absent, released, expired lease, issued
 //!   token) and finds a live, non-empty journal answers
-//!   [`ClaimOutcome::Resumed`](super::ClaimOutcome::Resumed) with it: the claim orders
+//!   [`ClaimOutcome::Claimed`](super::ClaimOutcome::Claimed) with it: the claim orders
 //!   itself after the old holder's last write (in the same atomic step), so the journal it
 //!   returns misses none of them; reading it may take one more round trip on that resume
 //!   path only (Redis reads it in the claim's script, SQL in a second statement). A lock
@@ -112,6 +112,15 @@ pub trait JournalStore: Send + Sync {
     /// The live journal of `key` (empty if none), whoever holds the record and whether
     /// or not it exists. One atomic read.
     fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Journal, Error>>;
+
+    /// Journal writes inside a database transaction (transactional steps,
+    /// [`step_tx`](crate::step_tx)), if this store keeps its journal in the database
+    /// the transaction runs on. Default: `None`, and a transactional step answers
+    /// [`Error::Unsupported`].
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    fn in_tx(&self) -> Option<&dyn super::TxJournalStore> {
+        None
+    }
 }
 
 /// Milliseconds since the Unix epoch as a [`SystemTime`].

@@ -41,6 +41,7 @@ mod local_blooms;
 pub mod memory;
 pub mod recovery;
 mod toolbox;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod transaction;
 mod unreachable;
 pub use crate::error::BoxError;
@@ -53,7 +54,10 @@ pub use toolbox::{
     BloomStore, Settle, StateStore, TransitionOutcome, TransitionRequest, VersionedBytes,
     VersionedStore,
 };
-pub use transaction::{Savepoint, TransactionalStore, TxConnection};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use transaction::{
+    Savepoint, StepTransaction, TransactionalStore, TxConnection, TxJournalStore,
+};
 pub use unreachable::{Cause, Unreachable};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
@@ -203,6 +207,7 @@ pub trait Store: Send + Sync + 'static {
     /// Claims inside a database transaction, if this store keeps its records in the
     /// database the transaction runs on. Default: `None`, and transactional mode
     /// answers [`Error::Unsupported`].
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         None
     }
@@ -277,6 +282,7 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn local(&self) -> Option<&dyn LocalStore> {
         (**self).local()
     }
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn transactional(&self) -> Option<&dyn TransactionalStore> {
         (**self).transactional()
     }

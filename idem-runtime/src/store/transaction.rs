@@ -1,6 +1,8 @@
 //! Claims inside a database transaction: the capability behind transactional mode
 //! (`#[idempotent(transaction = tx)]`, [`SqlStore::begin`](crate::SqlStore)), reached
-//! through [`Store::transactional`](super::Store::transactional).
+//! through [`Store::transactional`](super::Store::transactional); and journal writes
+//! inside one, behind transactional steps ([`step_tx`](crate::step_tx)), reached through
+//! [`JournalStore::in_tx`](super::JournalStore::in_tx).
 //!
 //! The claim row is written in the caller's (uncommitted) transaction, so the record
 //! and the business writes commit together or not at all. The flow around these
@@ -8,16 +10,56 @@
 //! span and the metrics) is written once, in the strategies, like every other path; a
 //! store only runs the statements, each one atomic step inside the transaction.
 
-use std::any::Any;
 use std::time::Duration;
 
 use super::{BoxFuture, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Key};
 
-/// The connection that carries an open transaction (`sqlx::PgConnection`, ...), as
-/// the store that runs statements on it sees it: it downcasts to its own connection
-/// type, and a connection of another database is [`Error::Config`].
-pub type TxConnection = dyn Any + Send;
+/// The connection that carries an open transaction, by database: what a store's
+/// statements run on. A store given a connection of another database than its own
+/// answers [`Error::Config`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxConnection<'c> {
+    /// A PostgreSQL connection.
+    #[cfg(feature = "postgres")]
+    Postgres(&'c mut sqlx::PgConnection),
+    /// A MySQL or MariaDB connection.
+    #[cfg(feature = "mysql")]
+    MySql(&'c mut sqlx::MySqlConnection),
+    /// An SQLite connection.
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'c mut sqlx::SqliteConnection),
+}
+
+impl TxConnection<'_> {
+    /// The same connection for a shorter borrow, so one can run several statements.
+    pub fn reborrow(&mut self) -> TxConnection<'_> {
+        match self {
+            #[cfg(feature = "postgres")]
+            TxConnection::Postgres(c) => TxConnection::Postgres(c),
+            #[cfg(feature = "mysql")]
+            TxConnection::MySql(c) => TxConnection::MySql(c),
+            #[cfg(feature = "sqlite")]
+            TxConnection::Sqlite(c) => TxConnection::Sqlite(c),
+        }
+    }
+}
+
+/// A transaction a store opened for a transactional step, by database.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StepTransaction {
+    /// On PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// On MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+    /// On SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
 
 /// What a savepoint statement does; see [`TransactionalStore::savepoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +84,7 @@ pub trait TransactionalStore: Send + Sync {
     /// attempt before its next statement.
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>>;
@@ -52,7 +94,7 @@ pub trait TransactionalStore: Send + Sync {
     /// changes nothing and returns `false`.
     fn complete_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         value: &'a [u8],
@@ -62,23 +104,21 @@ pub trait TransactionalStore: Send + Sync {
     /// Runs a savepoint statement named `name` on `conn`.
     fn savepoint<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         op: Savepoint,
         name: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// The transaction that completed `key` has committed: wake whoever waits on it.
     fn committed(&self, key: &Key);
+}
 
-    /// Begins a transaction of the store's database for a transactional step
-    /// ([`step_tx`](crate::step_tx)): a boxed `sqlx::Transaction<'static, DB>` of the
-    /// store's own database (`DB` the sqlx database type), on one of its pooled
-    /// connections.
-    fn begin_step(&self) -> BoxFuture<'_, Result<Box<TxConnection>, Error>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "transactional steps",
-        ))))
-    }
+/// Journal writes inside a database transaction, for transactional steps
+/// ([`step_tx`](crate::step_tx)): reached through
+/// [`JournalStore::in_tx`](super::JournalStore::in_tx).
+pub trait TxJournalStore: Send + Sync {
+    /// Begins a transaction on one of the store's pooled connections.
+    fn begin(&self) -> BoxFuture<'_, Result<StepTransaction, Error>>;
 
     /// If `owner` holds `key` with a live lease, journals step `name` with `value` inside
     /// the transaction on `conn` (under the record's row lock, so it commits with the
@@ -87,16 +127,11 @@ pub trait TransactionalStore: Send + Sync {
     /// [`JournalStore::write_step`](super::JournalStore::write_step), in a transaction.
     fn write_step_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         name: &'a str,
         value: &'a [u8],
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        let _ = (conn, key, owner, name, value, ttl);
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "transactional steps",
-        ))))
-    }
+    ) -> BoxFuture<'a, Result<bool, Error>>;
 }

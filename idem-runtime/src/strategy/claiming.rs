@@ -258,7 +258,7 @@ async fn claim_once(
     let claim = Finishing::new(sent, move |answer| {
         if matches!(
             answer,
-            Ok(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) | Err(Error::Store(_))
+            Ok(ClaimOutcome::Claimed { .. }) | Err(Error::Store(_))
         ) {
             drop(ClaimGuard::new(store, key, owner));
         }
@@ -595,14 +595,10 @@ pub(crate) async fn with_heartbeat<F: Future>(
 /// what the store's fast path kept beside it, and whether the call waited.
 pub(crate) type Claimed<X> = Result<(Option<ClaimOutcome>, X, bool), Error>;
 
-/// Splits a claim's answer into the answer strategies know (`Resumed` read as
-/// `Claimed { fence: 0 }`) and the journal it carried, for the claimed body's steps.
-pub(crate) fn take_journal<X>(claimed: Claimed<X>) -> (Claimed<X>, Option<Journal>) {
+/// Takes the journal a claim carried out of its answer, for the claimed body's steps.
+pub(crate) fn take_journal<X>(claimed: &mut Claimed<X>) -> Option<Journal> {
     match claimed {
-        Ok((Some(ClaimOutcome::Resumed { journal }), x, waited)) => (
-            Ok((Some(ClaimOutcome::Claimed { fence: 0 }), x, waited)),
-            Some(journal),
-        ),
-        other => (other, None),
+        Ok((Some(ClaimOutcome::Claimed { journal, .. }), _, _)) => journal.take(),
+        _ => None,
     }
 }

@@ -97,13 +97,13 @@ where
             .filter(|_| idem.store().recovery().is_some())
             .map(|args| Recover::new(args, opts.ttl));
         let recoverable = recover.is_some();
-        let claimed = {
+        let mut claimed = {
             let req = ClaimRequest::new(kind, owner, opts.lease)
                 .with_fingerprint(fingerprint)
                 .with_recover(recover);
             claim_memo(idem.store(), &key, &req, opts.wait).await
         };
-        let (claimed, journal) = take_journal(claimed);
+        let journal = take_journal(&mut claimed);
         if let Some(answered) =
             answer::<C, T, E>(idem.store(), opts, key, owner, fingerprint, reuse, claimed)
         {
@@ -137,7 +137,7 @@ where
         }
     };
     let refused = match outcome {
-        Some(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) => return None,
+        Some(ClaimOutcome::Claimed { .. }) => return None,
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,

@@ -78,7 +78,7 @@ where
         .await
         .inspect_err(|e| undo_uncertain_claim(store, key, owner, e));
     let fence = match claimed {
-        Ok((Some(ClaimOutcome::Claimed { fence }), _)) => fence,
+        Ok((Some(ClaimOutcome::Claimed { fence, .. }), _)) => fence,
         Ok((None | Some(ClaimOutcome::Busy { .. }), _)) => {
             let e = Error::Locked { key };
             observe::failed(opts, &key, &e);

@@ -26,6 +26,7 @@ use super::claiming::{Claimer, claim_with};
 use super::dedup::admit;
 use crate::codec::{Codec, ReplayOk};
 use crate::observe::{self, Outcome};
+use crate::store::sql::own_tx::tx_connection;
 use crate::store::sql::{Begun, IdemTransaction, SqlStore, TxConn, TxDatabase, TxFuture};
 use crate::store::{
     ClaimKind, ClaimOutcome, ClaimRequest, Owner, Savepoint, Store, TransactionalStore,
@@ -54,7 +55,7 @@ where
         // Transactional mode opens no step frame: its claim is uncommitted until the
         // body's writes commit with it, so a journal written in it would roll back with
         // a failed attempt. A journal a normal-mode attempt left is not replayed here.
-        Some(ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }) => Ok(None),
+        Some(ClaimOutcome::Claimed { .. }) => Ok(None),
         Some(ClaimOutcome::Completed {
             value,
             fingerprint: stored,
@@ -100,7 +101,7 @@ pub enum TxBegun<R> {
 /// aborts it on a failed statement) and keeps the caller's earlier writes.
 struct Savepointed<'c> {
     store: &'c dyn TransactionalStore,
-    conn: &'c mut TxConnection,
+    conn: TxConnection<'c>,
     name: String,
     /// Whether the last attempt's savepoint is still set.
     set: bool,
@@ -112,7 +113,9 @@ impl Savepointed<'_> {
         if !std::mem::take(&mut self.set) {
             return Ok(());
         }
-        self.store.savepoint(self.conn, op, &self.name).await
+        self.store
+            .savepoint(self.conn.reborrow(), op, &self.name)
+            .await
     }
 }
 
@@ -120,10 +123,10 @@ impl Claimer for Savepointed<'_> {
     async fn claim(&mut self, key: &Key, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         self.end(Savepoint::Undo).await?;
         self.store
-            .savepoint(self.conn, Savepoint::Set, &self.name)
+            .savepoint(self.conn.reborrow(), Savepoint::Set, &self.name)
             .await?;
         self.set = true;
-        match self.store.claim_in(self.conn, key, req).await {
+        match self.store.claim_in(self.conn.reborrow(), key, req).await {
             Ok(outcome) => Ok(outcome),
             Err(e) => {
                 // Back to the savepoint, so the caller's transaction is usable again
@@ -171,7 +174,7 @@ where
         ClaimRequest::new(ClaimKind::Dedup, owner, opts.lease_for()).with_fingerprint(fingerprint);
     let mut attempt = Savepointed {
         store: tx,
-        conn: conn.connection(),
+        conn: tx_connection::<X::Database>(conn.connection()),
         // Unique per call, so nested calls (a body calling another such function) each
         // have their own; MySQL replaces a savepoint of the same name instead of
         // stacking it.
@@ -222,7 +225,7 @@ where
     };
     let mut attempt = Savepointed {
         store: tx,
-        conn: conn.connection(),
+        conn: tx_connection::<X::Database>(conn.connection()),
         name: savepoint,
         set: true,
     };
@@ -234,7 +237,10 @@ where
             return Err(e);
         }
     };
-    match tx.complete_in(attempt.conn, &key, owner, &bytes, ttl).await {
+    match tx
+        .complete_in(attempt.conn.reborrow(), &key, owner, &bytes, ttl)
+        .await
+    {
         Ok(true) => attempt.end(Savepoint::Keep).await,
         Ok(false) => {
             // Only a lease that ended inside a very long transaction gets here; undo, so
@@ -264,7 +270,10 @@ impl<DB: TxDatabase> Claimer for Fresh<'_, DB> {
         // Dropped, the last attempt rolls back.
         self.tx = None;
         let mut tx = DB::begin_tx(self.pool, self.wait).await?;
-        let outcome = self.store.claim_in(tx.as_mut(), key, req).await?;
+        let outcome = self
+            .store
+            .claim_in(DB::tx_connection(tx.as_mut()), key, req)
+            .await?;
         if !matches!(outcome, ClaimOutcome::Busy { .. }) {
             self.tx = Some(tx);
         }
@@ -502,7 +511,13 @@ impl<DB: TxDatabase> IdemTransaction<DB> {
         };
         let done = self
             .store
-            .complete_in(self.tx.as_mut(), &self.key, self.owner, &bytes, self.ttl)
+            .complete_in(
+                DB::tx_connection(self.tx.as_mut()),
+                &self.key,
+                self.owner,
+                &bytes,
+                self.ttl,
+            )
             .await?;
         if !done {
             let _ = self.tx.rollback().await;

@@ -77,14 +77,12 @@ impl Shard {
         (ours != theirs).then_some(theirs)
     }
 
-    /// The answer to a dedup or token claim that has just taken `key`: `Resumed` with a
-    /// copy of its live journal, if it has one (the journal stays: a release keeps it).
+    /// The answer to a dedup or token claim that has just taken `key`, with a copy of
+    /// its live journal if it has one (the journal stays: a release keeps it).
     pub(super) fn claimed(&mut self, key: &Key, now: Instant) -> ClaimOutcome {
         match self.journals.live(key, now) {
-            Some(slot) if !slot.entries.is_empty() => ClaimOutcome::Resumed {
-                journal: slot.entries.clone(),
-            },
-            _ => ClaimOutcome::Claimed { fence: 0 },
+            Some(slot) if !slot.entries.is_empty() => ClaimOutcome::resuming(slot.entries.clone()),
+            _ => ClaimOutcome::claimed(0),
         }
     }
 }

@@ -259,7 +259,7 @@ impl MemoryStore {
             now,
         );
         if req.kind == ClaimKind::Lock {
-            return (ClaimOutcome::Claimed { fence }, None);
+            return (ClaimOutcome::claimed(fence), None);
         }
         if let Some(recover) = &req.recover {
             shard.pending.claimed(key, recover, lease_until, now);

@@ -28,15 +28,9 @@ static STEP: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// A claim's answer once the record is taken: `Resumed` if `journal` (an `HGETALL`
-/// reply) has entries, else `Claimed`.
+/// A claim's answer once the record is taken, with `journal` (an `HGETALL` reply).
 pub(super) fn claimed_with(key: &Key, journal: Value) -> Result<ClaimOutcome, Error> {
-    let journal = parse_journal(key, journal)?;
-    if journal.is_empty() {
-        Ok(ClaimOutcome::Claimed { fence: 0 })
-    } else {
-        Ok(ClaimOutcome::Resumed { journal })
-    }
+    Ok(ClaimOutcome::resuming(parse_journal(key, journal)?))
 }
 
 /// An `HGETALL` reply (flat pairs, or a RESP3 map) as journal entries, without the

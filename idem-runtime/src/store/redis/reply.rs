@@ -58,9 +58,7 @@ pub(super) fn parse_completed(key: &Key, record: Vec<u8>) -> Result<ClaimOutcome
 pub(super) fn parse_claim(key: &Key, reply: Value) -> Result<ClaimOutcome, Error> {
     let items = match reply {
         Value::Int(fence) => {
-            return Ok(ClaimOutcome::Claimed {
-                fence: u64::try_from(fence).unwrap_or(0),
-            });
+            return Ok(ClaimOutcome::claimed(u64::try_from(fence).unwrap_or(0)));
         }
         Value::Array(items) => items,
         other => return Err(corrupt(key, format!("unexpected reply {other:?}"))),

@@ -44,10 +44,7 @@ impl RedisStore {
     async fn claim_acked(&self, key: &Key, cmd: Cmd) -> Result<ClaimOutcome, Error> {
         let (v, confirm) = self.eval_acked(&CLAIM, cmd).await?;
         let outcome = parse_claim(key, v)?;
-        if matches!(
-            outcome,
-            ClaimOutcome::Claimed { .. } | ClaimOutcome::Resumed { .. }
-        ) {
+        if matches!(outcome, ClaimOutcome::Claimed { .. }) {
             confirm()?;
         }
         Ok(outcome)
@@ -167,7 +164,7 @@ impl Store for RedisStore {
                             if let Some(w) = wait {
                                 w.check(reply.as_ref())?;
                             }
-                            return Ok(ClaimOutcome::Claimed { fence: 0 });
+                            return Ok(ClaimOutcome::claimed(0));
                         }
                         Ok((Value::BulkString(b), _)) if b.first() == Some(&b'c') => {
                             return parse_completed(key, b);

@@ -148,7 +148,10 @@ fn another_payload_and_the_journal_fingerprint_parse() {
         Value::BulkString(b"d000000000000042v".to_vec()),
     ]);
     match parse_claim(&key, Value::Array(vec![Value::Int(1), journal])).unwrap() {
-        ClaimOutcome::Resumed { journal } => {
+        ClaimOutcome::Claimed {
+            journal: Some(journal),
+            ..
+        } => {
             assert_eq!(journal.len(), 1);
             assert_eq!(journal[0].name, "charge");
             assert_eq!(journal[0].value.as_deref(), Some(&b"v"[..]));
@@ -162,6 +165,6 @@ fn another_payload_and_the_journal_fingerprint_parse() {
     ]);
     assert_eq!(
         parse_claim(&key, Value::Array(vec![Value::Int(1), journal])).unwrap(),
-        ClaimOutcome::Claimed { fence: 0 }
+        ClaimOutcome::claimed(0)
     );
 }

@@ -20,7 +20,7 @@ use super::journal::{Step, StepRow};
 use super::record::Snapshot;
 use super::toolbox::{StateRow, StateWrite, ValueRow, ValueWrite};
 use super::{BoxFuture, SqlStore};
-use crate::store::{ClaimRequest, Owner, TxConnection, Unreachable};
+use crate::store::{ClaimRequest, Owner, StepTransaction, TxConnection, Unreachable};
 use crate::{Error, Key};
 
 /// One row of `idem stats`: namespace, function, state, count.
@@ -90,7 +90,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// Claims `key` inside the transaction on `conn` (a connection of this database).
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>>;
@@ -98,7 +98,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// Completes `key` inside the transaction on `conn`.
     fn complete_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         value: &'a [u8],
@@ -108,7 +108,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// Runs one statement without parameters (savepoints) on `conn`.
     fn execute_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         sql: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
@@ -125,7 +125,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// The same, inside the transaction on `conn` (a transactional step).
     fn write_step_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         step: &'a Step<'a>,
@@ -137,7 +137,7 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// The same, inside the transaction on `conn` (a claim in transactional mode).
     fn read_journal_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Vec<StepRow>, Error>>;
 
@@ -145,9 +145,8 @@ pub(super) trait Dialect: Send + Sync + 'static {
     /// afresh): never a live one.
     fn drop_dead_steps<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// Begins a transaction on a pooled connection: a boxed
-    /// `sqlx::Transaction<'static, DB>` of this database (a transactional step's).
-    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Any + Send>, Error>>;
+    /// Begins a transaction on a pooled connection (a transactional step's).
+    fn begin(&self) -> BoxFuture<'_, Result<StepTransaction, Error>>;
 
     // ---- The toolbox records (the `toolbox` module decides, in these statements). ----
 
@@ -187,13 +186,37 @@ pub(super) trait Dialect: Send + Sync + 'static {
     }
 }
 
+/// A connection type of one database, as a [`TxConnection`] carries it.
+pub(super) trait OwnConnection {
+    /// The connection `conn` carries, if it is of this type.
+    fn own(conn: TxConnection<'_>) -> Option<&mut Self>;
+}
+
+macro_rules! own_connection {
+    ($feature:literal, $conn:ty, $variant:ident) => {
+        #[cfg(feature = $feature)]
+        impl OwnConnection for $conn {
+            fn own(conn: TxConnection<'_>) -> Option<&mut Self> {
+                match conn {
+                    TxConnection::$variant(c) => Some(c),
+                    #[allow(unreachable_patterns)] // with one SQL feature, the only variant
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+own_connection!("postgres", sqlx::PgConnection, Postgres);
+own_connection!("mysql", sqlx::MySqlConnection, MySql);
+own_connection!("sqlite", sqlx::SqliteConnection, Sqlite);
+
 /// The connection of a transaction on this database, or the error a transaction on
 /// another database is.
-pub(super) fn own_conn<'c, C: 'static>(
+pub(super) fn own_conn<'c, C: OwnConnection>(
     name: &str,
-    conn: &'c mut TxConnection,
+    conn: TxConnection<'c>,
 ) -> Result<&'c mut C, Error> {
-    conn.downcast_mut::<C>().ok_or_else(|| {
+    C::own(conn).ok_or_else(|| {
         Error::Config(format!(
             "the transaction is on another database than the runtime's sql-{name} store"
         ))
@@ -244,7 +267,7 @@ macro_rules! pooled_methods {
 
         fn complete_in<'a>(
             &'a self,
-            conn: &'a mut crate::store::TxConnection,
+            conn: crate::store::TxConnection<'a>,
             key: &'a Key,
             owner: Owner,
             value: &'a [u8],
@@ -258,7 +281,7 @@ macro_rules! pooled_methods {
 
         fn execute_in<'a>(
             &'a self,
-            conn: &'a mut crate::store::TxConnection,
+            conn: crate::store::TxConnection<'a>,
             sql: &'a str,
         ) -> BoxFuture<'a, Result<(), Error>> {
             Box::pin(async move {
@@ -327,7 +350,7 @@ macro_rules! pooled_methods {
 
         fn write_step_in<'a>(
             &'a self,
-            conn: &'a mut crate::store::TxConnection,
+            conn: crate::store::TxConnection<'a>,
             key: &'a Key,
             owner: Owner,
             step: &'a super::journal::Step<'a>,
@@ -350,7 +373,7 @@ macro_rules! pooled_methods {
 
         fn read_journal_in<'a>(
             &'a self,
-            conn: &'a mut crate::store::TxConnection,
+            conn: crate::store::TxConnection<'a>,
             key: &'a Key,
         ) -> BoxFuture<'a, Result<Vec<super::journal::StepRow>, Error>> {
             Box::pin(async move {

@@ -194,11 +194,16 @@ impl JournalStore for SqlStore {
             parse_rows(key, &rows)
         })
     }
+
+    fn in_tx(&self) -> Option<&dyn crate::store::TxJournalStore> {
+        Some(self)
+    }
 }
 
 /// A step write, as the dialects take it.
 pub(super) struct Step<'a> {
-    /// The step's name, for errors.
+    /// The step's name, for errors (MySQL's packet limit).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(super) name: &'a str,
     pub(super) name_id: [u8; 16],
     /// See [`entry`].

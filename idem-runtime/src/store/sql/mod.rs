@@ -65,7 +65,7 @@ mod inspection;
 mod journal;
 #[cfg(feature = "mysql")]
 mod mysql;
-mod own_tx;
+pub(crate) mod own_tx;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purge;

@@ -15,7 +15,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use super::{BoxFuture, SqlStore};
-use crate::store::Owner;
+use crate::store::{Owner, StepTransaction, TxConnection};
 use crate::{Error, Key};
 
 /// What idem does with a [`TxDatabase`], out of users' reach: the supertrait is public
@@ -26,8 +26,15 @@ mod sealed {
 
     use super::{BoxFuture, SqlStore};
     use crate::Error;
+    use crate::store::{StepTransaction, TxConnection};
 
     pub trait Sealed: sqlx::Database {
+        /// A connection of this database, as a store's statements take it.
+        fn tx_connection(conn: &mut Self::Connection) -> TxConnection<'_>;
+
+        /// The transaction a store opened for a step, if it is on this database.
+        fn from_step(tx: StepTransaction) -> Option<sqlx::Transaction<'static, Self>>;
+
         /// `store`'s pool, if it runs on this database.
         fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>>;
 
@@ -51,6 +58,18 @@ impl TxDatabase for sqlx::Postgres {}
 
 #[cfg(feature = "postgres")]
 impl sealed::Sealed for sqlx::Postgres {
+    fn tx_connection(conn: &mut sqlx::PgConnection) -> TxConnection<'_> {
+        TxConnection::Postgres(conn)
+    }
+
+    fn from_step(tx: StepTransaction) -> Option<sqlx::Transaction<'static, Self>> {
+        match tx {
+            StepTransaction::Postgres(tx) => Some(tx),
+            #[allow(unreachable_patterns)] // with one SQL feature, the only variant
+            _ => None,
+        }
+    }
+
     fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.pg_pool()
     }
@@ -80,6 +99,18 @@ impl TxDatabase for sqlx::MySql {}
 
 #[cfg(feature = "mysql")]
 impl sealed::Sealed for sqlx::MySql {
+    fn tx_connection(conn: &mut sqlx::MySqlConnection) -> TxConnection<'_> {
+        TxConnection::MySql(conn)
+    }
+
+    fn from_step(tx: StepTransaction) -> Option<sqlx::Transaction<'static, Self>> {
+        match tx {
+            StepTransaction::MySql(tx) => Some(tx),
+            #[allow(unreachable_patterns)] // with one SQL feature, the only variant
+            _ => None,
+        }
+    }
+
     fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.mysql_pool()
     }
@@ -100,6 +131,18 @@ impl TxDatabase for sqlx::Sqlite {}
 
 #[cfg(feature = "sqlite")]
 impl sealed::Sealed for sqlx::Sqlite {
+    fn tx_connection(conn: &mut sqlx::SqliteConnection) -> TxConnection<'_> {
+        TxConnection::Sqlite(conn)
+    }
+
+    fn from_step(tx: StepTransaction) -> Option<sqlx::Transaction<'static, Self>> {
+        match tx {
+            StepTransaction::Sqlite(tx) => Some(tx),
+            #[allow(unreachable_patterns)] // with one SQL feature, the only variant
+            _ => None,
+        }
+    }
+
     fn pool_of(store: &SqlStore) -> Option<&sqlx::Pool<Self>> {
         store.sqlite_pool()
     }
@@ -116,6 +159,11 @@ impl sealed::Sealed for sqlx::Sqlite {
                 .map_err(Error::store)
         })
     }
+}
+
+/// A connection of `DB`, as a store's statements take it.
+pub(crate) fn tx_connection<DB: TxDatabase>(conn: &mut DB::Connection) -> TxConnection<'_> {
+    DB::tx_connection(conn)
 }
 
 /// What [`SqlStore::begin`] found.

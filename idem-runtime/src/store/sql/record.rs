@@ -105,21 +105,16 @@ pub(super) fn decide(
         });
     };
     if s.claimed {
-        let fence = match kind {
-            ClaimKind::Lock => {
-                u64::try_from(s.fence).map_err(|_| corrupt(key, "negative fence"))?
-            }
+        return Ok(Some(match kind {
+            ClaimKind::Lock => ClaimOutcome::claimed(
+                u64::try_from(s.fence).map_err(|_| corrupt(key, "negative fence"))?,
+            ),
             // A dedup or token claim that took a record with a live journal resumes it.
             _ => {
                 let rows = s.journal.as_deref().unwrap_or_default();
-                let journal = super::journal::parse_rows(key, rows)?;
-                if !journal.is_empty() {
-                    return Ok(Some(ClaimOutcome::Resumed { journal }));
-                }
-                0
+                ClaimOutcome::resuming(super::journal::parse_rows(key, rows)?)
             }
-        };
-        return Ok(Some(ClaimOutcome::Claimed { fence }));
+        }));
     }
     if !(FREE..=COMPLETED).contains(&s.state) {
         return Err(corrupt(key, &format!("unknown state {}", s.state)));

@@ -12,8 +12,9 @@ use tokio::sync::watch;
 use super::SqlStore;
 use super::record::{CLAIM_ATTEMPTS, CROSS_PROCESS_POLL, LOCK_WAIT_RETRY, decide, is_lock_wait};
 use crate::store::{
-    BloomStore, BoxFuture, ClaimOutcome, ClaimRequest, Owner, Savepoint, StateStore, Store,
-    Subscription, TransactionalStore, TxConnection, VersionedStore,
+    BloomStore, BoxFuture, ClaimOutcome, ClaimRequest, Owner, Savepoint, StateStore,
+    StepTransaction, Store, Subscription, TransactionalStore, TxConnection, TxJournalStore,
+    VersionedStore,
 };
 use crate::{Error, Key};
 
@@ -254,12 +255,12 @@ const BUSY_NOW: ClaimOutcome = ClaimOutcome::Busy {
 impl TransactionalStore for SqlStore {
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        mut conn: TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<ClaimOutcome, Error>> {
         Box::pin(async move {
-            let snap = self.dialect.claim_in(conn, key, req).await;
+            let snap = self.dialect.claim_in(conn.reborrow(), key, req).await;
             match snap {
                 Ok(mut snap) => {
                     if let Some(s) = &mut snap
@@ -277,7 +278,7 @@ impl TransactionalStore for SqlStore {
 
     fn complete_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         value: &'a [u8],
@@ -288,7 +289,7 @@ impl TransactionalStore for SqlStore {
 
     fn savepoint<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        mut conn: TxConnection<'a>,
         op: Savepoint,
         name: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
@@ -300,7 +301,7 @@ impl TransactionalStore for SqlStore {
                 Savepoint::Undo => [Some(undo), Some(format!("RELEASE SAVEPOINT {name}"))],
             };
             for sql in statements.into_iter().flatten() {
-                self.dialect.execute_in(conn, &sql).await?;
+                self.dialect.execute_in(conn.reborrow(), &sql).await?;
             }
             Ok(())
         })
@@ -309,14 +310,16 @@ impl TransactionalStore for SqlStore {
     fn committed(&self, key: &Key) {
         self.watchers.wake(key);
     }
+}
 
-    fn begin_step(&self) -> BoxFuture<'_, Result<Box<TxConnection>, Error>> {
+impl TxJournalStore for SqlStore {
+    fn begin(&self) -> BoxFuture<'_, Result<StepTransaction, Error>> {
         Box::pin(self.bounded(self.dialect.begin()))
     }
 
     fn write_step_in<'a>(
         &'a self,
-        conn: &'a mut TxConnection,
+        conn: TxConnection<'a>,
         key: &'a Key,
         owner: Owner,
         name: &'a str,

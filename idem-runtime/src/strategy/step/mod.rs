@@ -520,24 +520,24 @@ where
         let value = decode_step::<T>(&key, bytes).map_err(|e| named(e, name))?;
         return Ok((value, StepOutcome::Replayed));
     }
-    let Some(store) = start.store.transactional() else {
+    let Some(store) = start.store.journal().and_then(|j| j.in_tx()) else {
         return Err(Error::Unsupported("transactional steps (a SQL store)").into());
     };
     frame::check_owned()?;
-    let mut tx: Box<sqlx::Transaction<'static, DB>> =
-        store.begin_step().await?.downcast().map_err(|_| {
-            Error::Config(format!(
-                "step {name:?} asks for a transaction of another database than the store's ({})",
-                start.store.name()
-            ))
-        })?;
+    let Some(mut tx) = DB::from_step(store.begin().await?) else {
+        return Err(Error::Config(format!(
+            "step {name:?} asks for a transaction of another database than the store's ({})",
+            start.store.name()
+        ))
+        .into());
+    };
     let ctx = StepCtx {
         key: call_ctx::step_key(&key, name),
     };
     // An `Err`, or a panic, drops the transaction: rolled back.
     let value = frame::within(&start, f(ctx, &mut tx)).await?;
     let bytes = sealed(&key, name, &value)?;
-    let conn: &mut DB::Connection = &mut tx;
+    let conn = DB::tx_connection(&mut tx);
     if !store
         .write_step_in(conn, &key, start.owner, name, &bytes, start.ttl)
         .await?

@@ -60,7 +60,7 @@ pub async fn inspect_reports_each_state(store: Arc<dyn Store>) {
 
     let lock = idem.key(&INSPECT_LOCK, format_args!("stock"));
     let holder = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(20_000));
-    let ClaimOutcome::Claimed { fence } = store.claim(&lock, &holder).await.unwrap() else {
+    let ClaimOutcome::Claimed { fence, .. } = store.claim(&lock, &holder).await.unwrap() else {
         panic!("lock claim")
     };
     let info = store.inspect(&lock).await.unwrap().expect("held lock");
@@ -158,12 +158,12 @@ pub async fn forget_in_progress_makes_the_old_completion_a_lost_lease(store: Arc
     // A held lock: the next holder gets a greater fence; the old unlock is refused.
     let old = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(20_000));
     let lock = idem.key(&INSPECT_LOCK, format_args!("stock"));
-    let ClaimOutcome::Claimed { fence: f1 } = store.claim(&lock, &old).await.unwrap() else {
+    let ClaimOutcome::Claimed { fence: f1, .. } = store.claim(&lock, &old).await.unwrap() else {
         panic!("lock claim")
     };
     assert!(store.forget(&lock).await.unwrap());
     let new = ClaimRequest::new(ClaimKind::Lock, Owner::next(), ms(20_000));
-    let ClaimOutcome::Claimed { fence: f2 } = store.claim(&lock, &new).await.unwrap() else {
+    let ClaimOutcome::Claimed { fence: f2, .. } = store.claim(&lock, &new).await.unwrap() else {
         panic!("lock claim after forget")
     };
     assert!(

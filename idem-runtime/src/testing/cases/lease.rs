@@ -100,12 +100,12 @@ pub async fn stale_owner_cannot_complete_release_or_renew(store: Arc<dyn Store>)
         static LOCK: Options = Options::lock("conformance::stale");
         let key = idem.key(&LOCK, format_args!("{kind:?}"));
         let old = ClaimRequest::new(kind, Owner::next(), ms(300));
-        let ClaimOutcome::Claimed { fence: f1 } = store.claim(&key, &old).await.unwrap() else {
+        let ClaimOutcome::Claimed { fence: f1, .. } = store.claim(&key, &old).await.unwrap() else {
             panic!("first claim")
         };
         tokio::time::sleep(ms(700)).await;
         let new = ClaimRequest::new(kind, Owner::next(), ms(30_000));
-        let ClaimOutcome::Claimed { fence: f2 } = store.claim(&key, &new).await.unwrap() else {
+        let ClaimOutcome::Claimed { fence: f2, .. } = store.claim(&key, &new).await.unwrap() else {
             panic!("claim after the lease ended")
         };
         if kind == ClaimKind::Lock {

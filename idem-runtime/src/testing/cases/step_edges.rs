@@ -90,7 +90,7 @@ pub async fn another_payload_never_resumes_a_journal(store: Arc<dyn Store>) {
         ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000)).with_fingerprint(fp(1));
     let answer = store.claim(&key, &same).await.unwrap();
     assert!(
-        matches!(&answer, ClaimOutcome::Resumed { journal } if journal.len() == 1),
+        matches!(&answer, ClaimOutcome::Claimed { journal: Some(journal), .. } if journal.len() == 1),
         "the original payload did not resume: {answer:?}"
     );
     assert!(store.release(&key, same.owner).await.unwrap());
@@ -98,7 +98,10 @@ pub async fn another_payload_never_resumes_a_journal(store: Arc<dyn Store>) {
     let blind = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(30_000));
     assert!(matches!(
         store.claim(&key, &blind).await.unwrap(),
-        ClaimOutcome::Resumed { .. }
+        ClaimOutcome::Claimed {
+            journal: Some(_),
+            ..
+        }
     ));
     assert!(
         journal

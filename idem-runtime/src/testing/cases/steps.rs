@@ -527,6 +527,6 @@ pub async fn forget_drops_the_journal(store: Arc<dyn Store>) {
             store.claim(&key, &req).await.unwrap(),
             ClaimOutcome::Claimed { .. }
         ),
-        "a claim after forget starts afresh, not Resumed"
+        "a claim after forget starts afresh, with no journal"
     );
 }

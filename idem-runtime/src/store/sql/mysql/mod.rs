@@ -625,7 +625,7 @@ impl super::dialect::Dialect for MySqlDialect {
 
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut crate::store::TxConnection,
+        conn: crate::store::TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
@@ -635,10 +635,10 @@ impl super::dialect::Dialect for MySqlDialect {
         })
     }
 
-    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+    fn begin(&self) -> BoxFuture<'_, Result<crate::store::StepTransaction, Error>> {
         Box::pin(async move {
             let tx = self.pool.begin().await.map_err(Error::store)?;
-            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
+            Ok(crate::store::StepTransaction::MySql(tx))
         })
     }
 

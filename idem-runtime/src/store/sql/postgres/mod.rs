@@ -202,7 +202,7 @@ impl super::dialect::Dialect for PgDialect {
 
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut crate::store::TxConnection,
+        conn: crate::store::TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
@@ -212,11 +212,11 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+    fn begin(&self) -> BoxFuture<'_, Result<crate::store::StepTransaction, Error>> {
         Box::pin(async move {
             // No lock timeout: the step's own writes wait as the user's would.
             let tx = self.pool.begin().await.map_err(Error::store)?;
-            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
+            Ok(crate::store::StepTransaction::Postgres(tx))
         })
     }
 

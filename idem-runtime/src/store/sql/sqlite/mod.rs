@@ -555,7 +555,7 @@ impl super::dialect::Dialect for SqliteDialect {
 
     fn claim_in<'a>(
         &'a self,
-        conn: &'a mut crate::store::TxConnection,
+        conn: crate::store::TxConnection<'a>,
         key: &'a Key,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Option<Snapshot>, Error>> {
@@ -565,7 +565,7 @@ impl super::dialect::Dialect for SqliteDialect {
         })
     }
 
-    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn std::any::Any + Send>, Error>> {
+    fn begin(&self) -> BoxFuture<'_, Result<crate::store::StepTransaction, Error>> {
         // IMMEDIATE: the step's writes and its journal entry take the write lock up
         // front, rather than failing with SQLITE_BUSY on the first write.
         Box::pin(async move {
@@ -574,7 +574,7 @@ impl super::dialect::Dialect for SqliteDialect {
                 .begin_with("BEGIN IMMEDIATE")
                 .await
                 .map_err(Error::store)?;
-            Ok(Box::new(tx) as Box<dyn std::any::Any + Send>)
+            Ok(crate::store::StepTransaction::Sqlite(tx))
         })
     }
 
