@@ -1,8 +1,11 @@
-//! Seeing and steering single records: [`Idem::inspect`] and [`Idem::forget`]. What a
-//! store reports about its records is in [`store`](crate::store).
+//! `Idem`'s methods for operators: seeing and steering single records
+//! ([`Idem::inspect`], [`Idem::forget`]) and finishing abandoned ones
+//! ([`Idem::recoverer`]). What a store reports about its records is in
+//! [`store`](crate::store).
 
 use std::fmt;
 
+use crate::recover::Recoverer;
 use crate::store::{JournalEntry, RecordInfo, StepInfo};
 use crate::{Error, Idem, Key, Options};
 
@@ -136,5 +139,14 @@ impl Idem {
             crate::options::Strategy::Token => self.token_key(&key.to_string()),
             _ => self.key(opts, format_args!("{key}")),
         }
+    }
+}
+
+/// Operating: recovery.
+impl Idem {
+    /// A recoverer for this runtime's namespace, knowing every function marked
+    /// `recover` in the binary. See [`crate::recover`].
+    pub fn recoverer(&self) -> Recoverer {
+        crate::recover::Recoverer::new(self.clone())
     }
 }

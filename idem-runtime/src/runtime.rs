@@ -1,15 +1,21 @@
-//! The runtime handle: a store, a namespace, and the entry points of every strategy.
+//! The runtime handle: a store, a namespace, and the calls of the three strategies
+//! without the macro. `Idem`'s other methods are in `operator.rs` (operating) and
+//! `toolbox.rs` (the toolbox).
 
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+
+use crate::codec::{Codec, ReplayOk};
 use crate::key::{Digest, KeyWriter};
 use crate::options::DEFAULT_NAMESPACE;
-use crate::store::Store;
 use crate::store::memory::MemoryStore;
-use crate::{Error, Key, Options};
+use crate::store::{ClaimKind, Store};
+use crate::{Error, Fingerprint, Key, Options};
 
 /// An idem runtime: a [`Store`] and a namespace. Cheap to clone (one `Arc`).
 ///
@@ -311,5 +317,143 @@ impl Idem {
 
     pub(crate) fn count_store_failure(&self) {
         self.inner.store_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Calling: the entry points of the strategies without the macro.
+impl Idem {
+    /// Dedup without the macro: runs `body` once per `key` and replays its `Ok` value to
+    /// every later or concurrent call with the same key (an `Err` releases the key so a
+    /// retry runs). `opts` must be dedup options.
+    pub fn dedup<'a, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.dedup_with::<ReplayOk, T, E, F>(opts, key, None, body)
+    }
+
+    /// Dedup with an explicit [`Codec`] (what is stored and replayed) and an optional
+    /// payload [`Fingerprint`].
+    ///
+    /// The key is rendered before the returned future is first polled, so a key type
+    /// that is not `Send` does not make the future `!Send`.
+    pub fn dedup_with<'a, C, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        fingerprint: Option<Fingerprint>,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        crate::strategy::dedup::run::<C, T, E, F>(
+            self,
+            opts,
+            ClaimKind::Dedup,
+            key,
+            fingerprint,
+            None,
+            None,
+            body,
+        )
+    }
+
+    /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
+    /// `opts.wait` for it. Inside, [`fence`](crate::fence) returns the fencing token.
+    pub fn lock<'a, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>>
+    where
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        crate::strategy::lock::run(self, opts, key, body)
+    }
+
+    /// Issues a one-time token valid for `ttl`: at least 128 random bits from the OS
+    /// RNG. Consume it with a `strategy = "token"` function (or [`Idem::consume_token`]);
+    /// it is valid for every token-strategy function of this namespace.
+    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+        crate::strategy::token::issue(self, ttl).await
+    }
+
+    /// Consumes `token` (from [`Idem::issue_token`]) by running `body` once. A second
+    /// consumption is rejected (or replayed, with a replaying codec); an unknown or
+    /// expired token is [`Error::TokenInvalid`]; an `Err` from the body (not cached)
+    /// returns the token to its issued state, so it can be used again.
+    pub async fn consume_token<C, T, E, F>(
+        &self,
+        opts: &Options,
+        token: &str,
+        body: F,
+    ) -> Result<T, E>
+    where
+        C: Codec<T, E>,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = self.token_key(token);
+        crate::strategy::dedup::run::<C, T, E, F>(
+            self,
+            opts,
+            ClaimKind::Token,
+            key,
+            None,
+            None,
+            None,
+            body,
+        )
+        .await
+    }
+
+    /// [`Idem::dedup`], recoverable: `args` are recorded with the claim, and a
+    /// [`Recoverer`](crate::recover::Recoverer) on which the same `opts` were
+    /// [registered](crate::recover::Recoverer::register) finishes the call if its caller
+    /// never does.
+    pub fn dedup_recoverable<'a, A, T, E, F>(
+        &'a self,
+        opts: &'a Options,
+        key: impl fmt::Display,
+        args: &A,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        A: serde::Serialize + ?Sized,
+        T: serde::Serialize + DeserializeOwned + 'a,
+        E: From<Error> + 'a,
+        F: Future<Output = Result<T, E>> + 'a,
+    {
+        let key = self.key(opts, format_args!("{key}"));
+        let args = crate::recover::encode_args(&key, args);
+        async move {
+            let args = args.map_err(E::from)?;
+            let kind = crate::store::ClaimKind::Dedup;
+            crate::strategy::dedup::run::<crate::codec::ReplayOk, T, E, F>(
+                self,
+                opts,
+                kind,
+                key,
+                None,
+                Some(args),
+                None,
+                body,
+            )
+            .await
+        }
     }
 }

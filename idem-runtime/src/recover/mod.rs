@@ -86,12 +86,11 @@ pub struct Sweep {
     pub unknown: u64,
 }
 
-impl Idem {
-    /// A recoverer for this runtime's namespace, knowing every function marked
-    /// `recover` in the binary. See [`crate::recover`].
-    pub fn recoverer(&self) -> Recoverer {
+impl Recoverer {
+    /// A recoverer of `idem`'s namespace with the defaults: see [`Idem::recoverer`].
+    pub(crate) fn new(idem: Idem) -> Recoverer {
         Recoverer {
-            idem: self.clone(),
+            idem,
             context: registry::Context::default(),
             by_hand: Vec::new(),
             interval: Duration::from_secs(1),
@@ -102,43 +101,6 @@ impl Idem {
         }
     }
 
-    /// [`Idem::dedup`], recoverable: `args` are recorded with the claim, and a
-    /// [`Recoverer`] on which the same `opts` were [registered](Recoverer::register)
-    /// finishes the call if its caller never does.
-    pub fn dedup_recoverable<'a, A, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        args: &A,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + 'a
-    where
-        A: serde::Serialize + ?Sized,
-        T: serde::Serialize + DeserializeOwned + 'a,
-        E: From<Error> + 'a,
-        F: Future<Output = Result<T, E>> + 'a,
-    {
-        let key = self.key(opts, format_args!("{key}"));
-        let args = encode_args(&key, args);
-        async move {
-            let args = args.map_err(E::from)?;
-            let kind = crate::store::ClaimKind::Dedup;
-            crate::strategy::dedup::run::<crate::codec::ReplayOk, T, E, F>(
-                self,
-                opts,
-                kind,
-                key,
-                None,
-                Some(args),
-                None,
-                body,
-            )
-            .await
-        }
-    }
-}
-
-impl Recoverer {
     /// Gives the functions' context parameters a value of type `T` (a pool, a client).
     pub fn provide<T: Send + Sync + 'static>(mut self, value: T) -> Self {
         self.context.insert(value);

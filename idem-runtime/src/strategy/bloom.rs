@@ -301,115 +301,69 @@ pub struct Filtered<T> {
     pub verdict: Verdict,
 }
 
-impl Idem {
-    /// Dedup of a message id (or any key) with `filter` as a pre-filter: the semantics of
-    /// [`Idem::dedup`] (the body runs once per key while its record lives; later calls
-    /// replay its value), plus the filter's [`Verdict`], given to the body and returned.
-    ///
-    /// Steps: one atomic insert into the filter, then the exact dedup record, which alone
-    /// decides whether the body runs; so a false positive never drops a new message. If
-    /// the filter's store fails, the call goes on as a `Maybe`. Cost: one filter step
-    /// more than [`Idem::dedup`] (none with an in-process filter).
-    ///
-    /// Where it saves work: when the body runs, its exact record was absent, which for a
-    /// long-lived stream does not prove the message new: its record may have expired (a
-    /// late redelivery). A body that must not apply a message twice then checks its own
-    /// data (a ledger, the orders table) before acting. The verdict tells it when that
-    /// check can be skipped: `New` means the filter never saw the id in its lifetime,
-    /// which can be much longer than the records' ttl. Only `Maybe` needs the check.
-    ///
-    /// `New` also rules out a twin delivery that got ahead: a twin that inserted after
-    /// this call (and heard "maybe") may claim first and run, but its record then lives
-    /// at least `ttl` past this call's insert. So a body that starts within half the
-    /// record `ttl` of the filter's answer is told `New`; one that starts later (it waited
-    /// that long for the key) is told `Maybe`, and the returned verdict says so too.
-    /// `New` is only as wide as the filter: a filter in one process' memory has seen
-    /// only that process' ids.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, Options};
-    /// use idem_runtime::toolbox::{BloomFilter, Verdict};
-    /// static HANDLE: Options = Options::dedup("billing::on_event");
-    /// let idem = Idem::builder().build();
-    /// let seen = BloomFilter::new(&idem, "billing::events", 100_000, 0.01)?;
-    /// let apply = |verdict: Verdict| async move {
-    ///     if verdict == Verdict::Maybe {
-    ///         // look the event up in the ledger before applying it
-    ///     }
-    ///     Ok::<_, Error>(1)
-    /// };
-    /// let first = idem.dedup_filtered(&HANDLE, &seen, "evt-7", apply).await?;
-    /// let again = idem.dedup_filtered(&HANDLE, &seen, "evt-7", apply).await?;
-    /// assert_eq!((first.ran, first.verdict), (true, Verdict::New));
-    /// assert_eq!((again.value, again.ran, again.verdict), (1, false, Verdict::Maybe));
-    /// # Ok(()) }
-    /// ```
-    pub fn dedup_filtered<'a, T, E, B, F>(
-        &'a self,
-        opts: &'a Options,
-        filter: &'a BloomFilter,
-        key: impl fmt::Display,
-        body: B,
-    ) -> impl Future<Output = Result<Filtered<T>, E>> + 'a
-    where
-        T: Serialize + DeserializeOwned + 'a,
-        E: From<Error> + 'a,
-        B: FnOnce(Verdict) -> F + 'a,
-        F: Future<Output = Result<T, E>> + 'a,
-    {
-        let rendered = format!("{key}");
-        let key = self.key(opts, format_args!("{rendered}"));
-        async move {
-            let verdict = match filter.insert(&rendered).await {
-                Ok(false) => Verdict::New,
-                Ok(true) => Verdict::Maybe,
-                Err(e) => {
-                    filter.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(filter = %filter.key, error = %e, "Bloom filter unavailable; checking the exact record");
-                    Verdict::Maybe
-                }
+/// [`Idem::dedup_filtered`]'s flow.
+pub(crate) fn dedup_filtered<'a, T, E, B, F>(
+    idem: &'a Idem,
+    opts: &'a Options,
+    filter: &'a BloomFilter,
+    key: impl fmt::Display,
+    body: B,
+) -> impl Future<Output = Result<Filtered<T>, E>> + 'a
+where
+    T: Serialize + DeserializeOwned + 'a,
+    E: From<Error> + 'a,
+    B: FnOnce(Verdict) -> F + 'a,
+    F: Future<Output = Result<T, E>> + 'a,
+{
+    let rendered = format!("{key}");
+    let key = idem.key(opts, format_args!("{rendered}"));
+    async move {
+        let verdict = match filter.insert(&rendered).await {
+            Ok(false) => Verdict::New,
+            Ok(true) => Verdict::Maybe,
+            Err(e) => {
+                filter.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(filter = %filter.key, error = %e, "Bloom filter unavailable; checking the exact record");
+                Verdict::Maybe
+            }
+        };
+        let answered = Instant::now();
+        let ran = AtomicBool::new(false);
+        let downgraded = AtomicBool::new(false);
+        let body = async {
+            ran.store(true, Ordering::Relaxed);
+            // A twin that inserted after us ("maybe") may have claimed first, run, and
+            // had its record expire before our claim found the key free. Its record
+            // lives `ttl` from its completion, which came after our insert: so only a
+            // body reached well within `ttl` of our insert can trust "new".
+            let verdict = if verdict == Verdict::New && answered.elapsed() >= opts.ttl_for() / 2 {
+                downgraded.store(true, Ordering::Relaxed);
+                Verdict::Maybe
+            } else {
+                verdict
             };
-            let answered = Instant::now();
-            let ran = AtomicBool::new(false);
-            let downgraded = AtomicBool::new(false);
-            let body = async {
-                ran.store(true, Ordering::Relaxed);
-                // A twin that inserted after us ("maybe") may have claimed first, run, and
-                // had its record expire before our claim found the key free. Its record
-                // lives `ttl` from its completion, which came after our insert: so only a
-                // body reached well within `ttl` of our insert can trust "new".
-                let verdict = if verdict == Verdict::New && answered.elapsed() >= opts.ttl_for() / 2
-                {
-                    downgraded.store(true, Ordering::Relaxed);
-                    Verdict::Maybe
-                } else {
-                    verdict
-                };
-                body(verdict).await
-            };
-            let value = dedup::run::<ReplayOk, T, E, _>(
-                self,
-                opts,
-                ClaimKind::Dedup,
-                key,
-                None,
-                None,
-                None,
-                body,
-            )
-            .await?;
-            Ok(Filtered {
-                value,
-                ran: ran.load(Ordering::Relaxed),
-                verdict: if downgraded.load(Ordering::Relaxed) {
-                    Verdict::Maybe
-                } else {
-                    verdict
-                },
-            })
-        }
+            body(verdict).await
+        };
+        let value = dedup::run::<ReplayOk, T, E, _>(
+            idem,
+            opts,
+            ClaimKind::Dedup,
+            key,
+            None,
+            None,
+            None,
+            body,
+        )
+        .await?;
+        Ok(Filtered {
+            value,
+            ran: ran.load(Ordering::Relaxed),
+            verdict: if downgraded.load(Ordering::Relaxed) {
+                Verdict::Maybe
+            } else {
+                verdict
+            },
+        })
     }
 }
 

@@ -17,14 +17,12 @@ use super::claiming::{
     with_heartbeat,
 };
 use super::step::frame::{self, StepFrame};
-use crate::codec::ReplayOk;
 use crate::codec::{CloneReplay, Codec, completed_marker};
 use crate::fingerprint::check_fingerprint;
 use crate::observe::{self, Outcome};
 use crate::options::OnDuplicate;
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Memo, Owner, Recover, Store};
 use crate::{Error, Fingerprint, Idem, Key, Options};
-use std::fmt;
 
 /// Claim, run, then complete (or release on a non-cached `Err`), in the call's `idem`
 /// span (see [`observe`]).
@@ -327,53 +325,4 @@ where
         }
         Some(completed_marker(key))
     })
-}
-
-impl Idem {
-    /// Dedup without the macro: runs `body` once per `key` and replays its `Ok` value to
-    /// every later or concurrent call with the same key (an `Err` releases the key so a
-    /// retry runs). `opts` must be dedup options.
-    pub fn dedup<'a, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        self.dedup_with::<ReplayOk, T, E, F>(opts, key, None, body)
-    }
-
-    /// Dedup with an explicit [`Codec`] (what is stored and replayed) and an optional
-    /// payload [`Fingerprint`].
-    ///
-    /// The key is rendered before the returned future is first polled, so a key type
-    /// that is not `Send` does not make the future `!Send`.
-    pub fn dedup_with<'a, C, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        fingerprint: Option<Fingerprint>,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        C: Codec<T, E>,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let key = self.key(opts, format_args!("{key}"));
-        run::<C, T, E, F>(
-            self,
-            opts,
-            ClaimKind::Dedup,
-            key,
-            fingerprint,
-            None,
-            None,
-            body,
-        )
-    }
 }

@@ -14,7 +14,6 @@ use super::claiming::{
 use crate::observe::{self, Outcome};
 use crate::store::{ClaimKind, ClaimOutcome, ClaimRequest, Owner};
 use crate::{Error, Idem, Key, Options};
-use std::fmt;
 
 tokio::task_local! {
     static FENCE: u64;
@@ -127,22 +126,4 @@ where
         }
     }
     result
-}
-
-impl Idem {
-    /// Lock without the macro: runs `body` while holding the lock on `key`, waiting up to
-    /// `opts.wait` for it. Inside, [`fence`](crate::fence) returns the fencing token.
-    pub fn lock<'a, T, E, F>(
-        &'a self,
-        opts: &'a Options,
-        key: impl fmt::Display,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let key = self.key(opts, format_args!("{key}"));
-        run(self, opts, key, body)
-    }
 }

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::{Codec, ReplayOk};
 use crate::store::{Store, VersionedStore};
-use crate::{Error, Idem, Key, Options};
+use crate::{Error, Idem, Key};
 
 /// How [`retry_on_conflict`] retries: at most `attempts` runs in all, sleeping between
 /// them a random time in `[0, min(max, base · 2^n)]` ("full jitter"), so contenders that
@@ -262,203 +262,83 @@ pub struct Versioned<T> {
     pub version: u64,
 }
 
-impl Idem {
-    /// The record key of the value `key` of `family`.
-    ///
-    /// ```
-    /// use idem_runtime::Idem;
-    /// use idem_runtime::toolbox::Optimistic;
-    /// static BALANCE: Optimistic = Optimistic::new("bank::balance");
-    /// let idem = Idem::builder().namespace("bank").build();
-    /// let key = idem.versioned_key(&BALANCE, "acct-7");
-    /// assert_eq!((key.namespace(), key.scope()), ("bank", "bank::balance"));
-    /// ```
-    pub fn versioned_key(&self, family: &Optimistic, key: impl fmt::Display) -> Key {
-        // Dedup options only lend their scope (the name) to the key.
-        self.key(&Options::dedup(family.name), format_args!("{key}"))
-    }
-
-    /// Reads a versioned value (one store round trip). `None`: never written (or expired);
-    /// write it with expected version 0.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::Idem;
-    /// use idem_runtime::toolbox::{Optimistic, Versioned};
-    /// static PROFILE: Optimistic = Optimistic::new("users::nickname");
-    /// let idem = Idem::builder().build();
-    /// assert_eq!(idem.load::<String>(&PROFILE, "u1").await?, None);
-    /// idem.compare_and_set(&PROFILE, "u1", 0, "ada".to_string()).await?;
-    /// let v = idem.load::<String>(&PROFILE, "u1").await?;
-    /// assert_eq!(v, Some(Versioned { value: "ada".to_string(), version: 1 }));
-    /// # Ok(()) }
-    /// ```
-    pub async fn load<T: Serialize + DeserializeOwned>(
-        &self,
-        family: &Optimistic,
-        key: impl fmt::Display,
-    ) -> Result<Option<Versioned<T>>, Error> {
-        let key = self.versioned_key(family, key);
-        let Some(stored) = versioned(&**self.store())?.load_versioned(&key).await? else {
-            return Ok(None);
-        };
-        let value = <ReplayOk as Codec<T, ()>>::decode(&key, &stored.value)?.map_err(|()| {
-            Error::Corrupt {
-                key,
-                reason: "a versioned value holds an error result".into(),
-            }
+/// [`Idem::load`]'s flow.
+pub(crate) async fn load<T: Serialize + DeserializeOwned>(
+    idem: &Idem,
+    family: &Optimistic,
+    key: impl fmt::Display,
+) -> Result<Option<Versioned<T>>, Error> {
+    let key = idem.versioned_key(family, key);
+    let Some(stored) = versioned(&**idem.store())?.load_versioned(&key).await? else {
+        return Ok(None);
+    };
+    let value =
+        <ReplayOk as Codec<T, ()>>::decode(&key, &stored.value)?.map_err(|()| Error::Corrupt {
+            key,
+            reason: "a versioned value holds an error result".into(),
         })?;
-        Ok(Some(Versioned {
-            value,
-            version: stored.version,
-        }))
-    }
+    Ok(Some(Versioned {
+        value,
+        version: stored.version,
+    }))
+}
 
-    /// Writes `value` if the stored version still is `expected` (0: not written yet), in
-    /// one atomic store step, and returns the new version. Otherwise nothing is written
-    /// and the result is [`Error::Conflict`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem};
-    /// use idem_runtime::toolbox::Optimistic;
-    /// static STOCK: Optimistic = Optimistic::new("shop::stock");
-    /// let idem = Idem::builder().build();
-    /// assert_eq!(idem.compare_and_set(&STOCK, "sku-1", 0, 10u32).await?, 1);
-    /// assert_eq!(idem.compare_and_set(&STOCK, "sku-1", 1, 9u32).await?, 2);
-    /// let lost = idem.compare_and_set(&STOCK, "sku-1", 1, 9u32).await; // stale version
-    /// assert!(matches!(lost, Err(Error::Conflict { .. })));
-    /// # Ok(()) }
-    /// ```
-    pub async fn compare_and_set<T: Serialize + DeserializeOwned>(
-        &self,
-        family: &Optimistic,
-        key: impl fmt::Display,
-        expected: u64,
-        value: T,
-    ) -> Result<u64, Error> {
-        let key = self.versioned_key(family, key);
-        let (bytes, _) = encode(&key, value)?;
-        self.cas_bytes(family, key, expected, bytes).await
-    }
+/// [`Idem::compare_and_set`]'s flow.
+pub(crate) async fn compare_and_set<T: Serialize + DeserializeOwned>(
+    idem: &Idem,
+    family: &Optimistic,
+    key: impl fmt::Display,
+    expected: u64,
+    value: T,
+) -> Result<u64, Error> {
+    let key = idem.versioned_key(family, key);
+    let (bytes, _) = encode(&key, value)?;
+    cas_bytes(idem, family, key, expected, bytes).await
+}
 
-    async fn cas_bytes(
-        &self,
-        family: &Optimistic,
-        key: Key,
-        expected: u64,
-        bytes: bytes::Bytes,
-    ) -> Result<u64, Error> {
-        match versioned(&**self.store())?
-            .compare_and_set(&key, expected, bytes, family.ttl)
-            .await?
-        {
-            Some(version) => Ok(version),
-            None => Err(Error::Conflict { key }),
-        }
-    }
-
-    /// The last step of an optimistic update on **your own** table: maps the rows
-    /// affected by `UPDATE t SET ..., version = version + 1 WHERE id = ? AND version = ?`
-    /// to `Ok` (one row: the version was still the one read) or [`Error::Conflict`]
-    /// (no row: someone wrote in between), so [`retry_on_conflict`] re-runs the
-    /// read-compute-write. `family` and `key` only name the row in the error.
-    ///
-    /// The recipe, with any SQL client:
-    ///
-    /// ```text
-    /// SELECT balance, version FROM accounts WHERE id = $1;            -- read
-    /// -- compute the new balance in Rust
-    /// UPDATE accounts SET balance = $2, version = version + 1
-    ///  WHERE id = $1 AND version = $3;                                -- write if unchanged
-    /// ```
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem, retry_on_conflict};
-    /// use idem_runtime::toolbox::{Optimistic, Retry};
-    /// static ACCOUNTS: Optimistic = Optimistic::new("bank::accounts");
-    /// let idem = Idem::builder().build();
-    /// let mut lost_once = false; // stands in for the database
-    /// retry_on_conflict(&Retry::DEFAULT, || {
-    ///     // ... SELECT, compute, UPDATE ... WHERE version = ? ...
-    ///     let rows_affected = if lost_once { 1 } else { lost_once = true; 0 };
-    ///     let checked = idem.expect_updated(&ACCOUNTS, "acct-1", rows_affected);
-    ///     async move { checked }
-    /// })
-    /// .await?;
-    /// assert!(lost_once);
-    /// # Ok(()) }
-    /// ```
-    pub fn expect_updated(
-        &self,
-        family: &Optimistic,
-        key: impl fmt::Display,
-        rows_affected: u64,
-    ) -> Result<(), Error> {
-        if rows_affected == 1 {
-            return Ok(());
-        }
-        if rows_affected > 1 {
-            return Err(Error::Config(format!(
-                "a versioned update changed {rows_affected} rows: its WHERE must name one row by its key"
-            )));
-        }
-        Err(Error::Conflict {
-            key: self.versioned_key(family, key),
-        })
-    }
-
-    /// Read-modify-write with retries: loads the value (`None` if absent), computes the
-    /// new one with `f`, writes it with compare-and-set, and on a conflict does it all
-    /// again, per `family`'s [`Retry`]. Returns what was written.
-    ///
-    /// `f` may run several times (once per attempt), so it must be a pure function of
-    /// its input; it may refuse with an `Err` (e.g. "sold out"), which ends the update
-    /// without writing.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem};
-    /// use idem_runtime::toolbox::Optimistic;
-    /// static BALANCE: Optimistic = Optimistic::new("bank::balance");
-    /// let idem = Idem::builder().build();
-    /// let v = idem
-    ///     .update(&BALANCE, "acct-7", |cents: Option<i64>| Ok::<_, Error>(cents.unwrap_or(0) + 250))
-    ///     .await?;
-    /// assert_eq!((v.value, v.version), (250, 1));
-    /// # Ok(()) }
-    /// ```
-    pub async fn update<T, E, F>(
-        &self,
-        family: &Optimistic,
-        key: impl fmt::Display,
-        mut f: F,
-    ) -> Result<Versioned<T>, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: FnMut(Option<T>) -> Result<T, E>,
+/// Writes the encoded `bytes` if the version is still `expected`.
+async fn cas_bytes(
+    idem: &Idem,
+    family: &Optimistic,
+    key: Key,
+    expected: u64,
+    bytes: bytes::Bytes,
+) -> Result<u64, Error> {
+    match versioned(&**idem.store())?
+        .compare_and_set(&key, expected, bytes, family.ttl)
+        .await?
     {
-        let key = format!("{key}");
-        let record = self.versioned_key(family, &key);
-        let mut retry = 0;
-        loop {
-            let current = self.load::<T>(family, &key).await?;
-            let expected = current.as_ref().map_or(0, |v| v.version);
-            let (bytes, value) = encode(&record, f(current.map(|v| v.value))?)?;
-            match self.cas_bytes(family, record, expected, bytes).await {
-                Ok(version) => return Ok(Versioned { value, version }),
-                Err(e) if e.is_conflict() && retry + 1 < family.retry.attempts => {
-                    tokio::time::sleep(family.retry.delay(retry)).await;
-                    retry += 1;
-                }
-                Err(e) => return Err(e.into()),
+        Some(version) => Ok(version),
+        None => Err(Error::Conflict { key }),
+    }
+}
+
+/// [`Idem::update`]'s flow.
+pub(crate) async fn update<T, E, F>(
+    idem: &Idem,
+    family: &Optimistic,
+    key: impl fmt::Display,
+    mut f: F,
+) -> Result<Versioned<T>, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: FnMut(Option<T>) -> Result<T, E>,
+{
+    let key = format!("{key}");
+    let record = idem.versioned_key(family, &key);
+    let mut retry = 0;
+    loop {
+        let current = load::<T>(idem, family, &key).await?;
+        let expected = current.as_ref().map_or(0, |v| v.version);
+        let (bytes, value) = encode(&record, f(current.map(|v| v.value))?)?;
+        match cas_bytes(idem, family, record, expected, bytes).await {
+            Ok(version) => return Ok(Versioned { value, version }),
+            Err(e) if e.is_conflict() && retry + 1 < family.retry.attempts => {
+                tokio::time::sleep(family.retry.delay(retry)).await;
+                retry += 1;
             }
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::options::{DEFAULT_LEASE, DEFAULT_WAIT};
 use crate::store::{
     BoxFuture, Owner, Settle, StateStore, Store, TransitionOutcome, TransitionRequest,
 };
-use crate::{Error, Idem, Key, Options};
+use crate::{Error, Idem, Key};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod own_table;
@@ -303,155 +303,37 @@ impl<T> Moved<T> {
     }
 }
 
-impl Idem {
-    /// The record key of `key` under `machine`.
-    ///
-    /// ```
-    /// use idem_runtime::Idem;
-    /// use idem_runtime::toolbox::StateMachine;
-    /// let m = StateMachine::builder("shop::order").states(["new"]).initial("new").build().unwrap();
-    /// let idem = Idem::builder().build();
-    /// assert_eq!(idem.state_key(&m, 1), idem.state_key(&m, "1"));
-    /// ```
-    pub fn state_key(&self, machine: &StateMachine, key: impl fmt::Display) -> Key {
-        // Dedup options only lend their scope (the name) to the key.
-        self.key(&Options::dedup(machine.name), format_args!("{key}"))
-    }
-
-    /// The state of `key` (`None`: no state yet). A move held by a running body is not
-    /// visible: the state is the one before it until the body succeeds.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::Idem;
-    /// use idem_runtime::toolbox::StateMachine;
-    /// let ticket = StateMachine::builder("help::ticket")
-    ///     .states(["open", "closed"])
-    ///     .initial("open")
-    ///     .allow("open", ["closed"])
-    ///     .build()?;
-    /// let idem = Idem::builder().build();
-    /// assert_eq!(idem.state(&ticket, 7).await?, None);
-    /// idem.transition(&ticket, 7, "open").await?;
-    /// assert_eq!(idem.state(&ticket, 7).await?.as_deref(), Some("open"));
-    /// # Ok(()) }
-    /// ```
-    pub async fn state(
-        &self,
-        machine: &StateMachine,
-        key: impl fmt::Display,
-    ) -> Result<Option<String>, Error> {
-        let key = self.state_key(machine, key);
-        states(&**self.store())?.load_state(&key).await
-    }
-
-    /// Moves `key` to `to` in one atomic store step:
-    ///
-    /// - allowed by the table from the current state → moved: [`Moved::Performed`];
-    /// - already at `to` → [`Moved::AlreadyThere`], nothing written;
-    /// - otherwise [`Error::InvalidTransition`] with the current state.
-    ///
-    /// While another caller's body holds a move on the key ([`Idem::transition_with`]),
-    /// the call waits up to the machine's `wait` for it to settle, then decides against
-    /// the state it left ([`Error::InProgress`] if it did not settle in time).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem};
-    /// use idem_runtime::toolbox::{StateMachine, Moved};
-    /// let order = StateMachine::builder("shop::order")
-    ///     .states(["created", "paid", "cancelled"])
-    ///     .initial("created")
-    ///     .allow("created", ["paid", "cancelled"])
-    ///     .terminal(["paid", "cancelled"])
-    ///     .build()?;
-    /// let idem = Idem::builder().build();
-    /// assert!(idem.transition(&order, "o-1", "created").await?.performed());
-    /// assert!(idem.transition(&order, "o-1", "paid").await?.performed());
-    /// assert_eq!(idem.transition(&order, "o-1", "paid").await?, Moved::AlreadyThere);
-    /// let late = idem.transition(&order, "o-1", "cancelled").await;
-    /// assert!(matches!(late, Err(Error::InvalidTransition { from: Some(ref f), .. }) if f == "paid"));
-    /// # Ok(()) }
-    /// ```
-    pub fn transition<'a>(
-        &'a self,
-        machine: &'a StateMachine,
-        key: impl fmt::Display,
-        to: &'a str,
-    ) -> impl Future<Output = Result<Moved, Error>> + Send + 'a {
-        let key = self.state_key(machine, key);
-        async move {
-            let req = machine.request(to)?;
-            match drive(states(&**self.store())?, machine, &key, &req).await? {
-                TransitionOutcome::Moved { from } => Ok(Moved::Performed { from, value: () }),
-                TransitionOutcome::Already => Ok(Moved::AlreadyThere),
-                other => Err(unexpected(&key, &other)),
-            }
-        }
-    }
-
-    /// Moves `key` to `to` and runs `body` as that move: the body runs only for the
-    /// caller that performs the move, and the move is recorded only if the body returns
-    /// `Ok`. A key already at `to` gives [`Moved::AlreadyThere`] without running the body;
-    /// a move the table does not allow from the current state is
-    /// [`Error::InvalidTransition`], also without running it.
-    ///
-    /// How the body and the move are tied: the move is first *held* on the state record
-    /// (one atomic step that checks the table, like [`Idem::transition`]); while held,
-    /// every other move on the key waits, so nothing can move the key under the body.
-    /// The hold has a lease, renewed while the body runs. Then:
-    ///
-    /// - body `Ok` → the move is committed: the key enters `to`;
-    /// - body `Err`, or the call is dropped (cancelled) → the hold is dropped at once:
-    ///   the key stays where it was and a retry can perform the move;
-    /// - the process dies mid-body → the hold ends with its lease and the key is still
-    ///   where it was, so the move is not lost: the next caller performs it, running the
-    ///   body again. A body whose effect happened just before the crash therefore runs
-    ///   twice; make its effect idempotent downstream (e.g. a dedup key on the shipment)
-    ///   if that matters. Without a crash (or a pause longer than the lease), the body
-    ///   runs at most once per move.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem_runtime::Error> {
-    /// use idem_runtime::{Error, Idem};
-    /// use idem_runtime::toolbox::{StateMachine, Moved};
-    /// let order = StateMachine::builder("shop::order")
-    ///     .states(["paid", "shipped"])
-    ///     .initial("paid")
-    ///     .allow("paid", ["shipped"])
-    ///     .build()?;
-    /// let idem = Idem::builder().build();
-    /// idem.transition(&order, "o-9", "paid").await?;
-    /// let ship = || async { Ok::<_, Error>("parcel-1") }; // talks to the carrier
-    /// let first = idem.transition_with(&order, "o-9", "shipped", ship()).await?;
-    /// let again = idem.transition_with(&order, "o-9", "shipped", ship()).await?;
-    /// assert_eq!(first.value(), Some("parcel-1"));
-    /// assert_eq!(again, Moved::AlreadyThere); // not shipped twice
-    /// # Ok(()) }
-    /// ```
-    pub fn transition_with<'a, T, E, F>(
-        &'a self,
-        machine: &'a StateMachine,
-        key: impl fmt::Display,
-        to: &'a str,
-        body: F,
-    ) -> impl Future<Output = Result<Moved<T>, E>> + 'a
-    where
-        E: From<Error> + 'a,
-        F: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-    {
-        let key = self.state_key(machine, key);
-        run_move(self, machine, key, to, body)
-    }
-}
-
 /// The state-machine move with a body: `key` already rendered under the machine's name.
 /// `idem` is owned (a reference, or the borrowed-or-scoped current runtime) so that entry
 /// points can return this future directly.
+/// [`Idem::state`]'s flow.
+pub(crate) async fn state(
+    idem: &Idem,
+    machine: &StateMachine,
+    key: impl fmt::Display,
+) -> Result<Option<String>, Error> {
+    let key = idem.state_key(machine, key);
+    states(&**idem.store())?.load_state(&key).await
+}
+
+/// [`Idem::transition`]'s flow.
+pub(crate) fn transition<'a>(
+    idem: &'a Idem,
+    machine: &'a StateMachine,
+    key: impl fmt::Display,
+    to: &'a str,
+) -> impl Future<Output = Result<Moved, Error>> + Send + 'a {
+    let key = idem.state_key(machine, key);
+    async move {
+        let req = machine.request(to)?;
+        match drive(states(&**idem.store())?, machine, &key, &req).await? {
+            TransitionOutcome::Moved { from } => Ok(Moved::Performed { from, value: () }),
+            TransitionOutcome::Already => Ok(Moved::AlreadyThere),
+            other => Err(unexpected(&key, &other)),
+        }
+    }
+}
+
 pub(crate) async fn run_move<T, E, F>(
     idem: impl Deref<Target = Idem>,
     machine: &StateMachine,
