@@ -224,17 +224,30 @@ pub(super) fn own_conn<'c, C: OwnConnection>(
 }
 
 /// The methods of a [`Dialect`] impl that are the same call on every database, on its
-/// own pool and connection type `$conn`: they call the database module's free functions
-/// and statements of the same names (`release`, `read_steps`, `drop_dead_steps`,
-/// `toolbox::load_value`, ...) and its `write_step_on`, which differ. Each dialect writes the rest itself.
+/// own pool and connection type `conn`. Each names the database module's function it
+/// calls (they differ by database, their signatures do not), so the contract is at the
+/// call site and go-to-definition finds them; each dialect writes the rest itself.
 macro_rules! pooled_methods {
-    ($conn:ty) => {
+    (
+        conn: $conn:ty,
+        release: $release:path,
+        renew: $renew:path,
+        inspect: $inspect:path,
+        forget: $forget:path,
+        count: $count:path,
+        purge: $purge:path,
+        complete: $complete:path,
+        write_step_on: $write_step_on:path,
+        read_steps: $read_steps:path,
+        drop_dead_steps: $drop_dead_steps:path,
+        toolbox: $toolbox:ident $(,)?
+    ) => {
         fn pool(&self) -> &dyn std::any::Any {
             &self.pool
         }
 
         fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-            Box::pin(release(&self.pool, key, owner))
+            Box::pin($release(&self.pool, key, owner))
         }
 
         fn renew<'a>(
@@ -243,26 +256,26 @@ macro_rules! pooled_methods {
             owner: Owner,
             lease: Duration,
         ) -> BoxFuture<'a, Result<bool, Error>> {
-            Box::pin(renew(&self.pool, key, owner, lease))
+            Box::pin($renew(&self.pool, key, owner, lease))
         }
 
         fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Inspected>, Error>> {
-            Box::pin(inspect(&self.pool, key))
+            Box::pin($inspect(&self.pool, key))
         }
 
         fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<bool, Error>> {
-            Box::pin(forget(&self.pool, key))
+            Box::pin($forget(&self.pool, key))
         }
 
         fn count<'a>(
             &'a self,
             namespace: Option<&'a str>,
         ) -> BoxFuture<'a, Result<Vec<super::dialect::CountRow>, Error>> {
-            Box::pin(count(&self.pool, namespace))
+            Box::pin($count(&self.pool, namespace))
         }
 
         fn purge(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-            Box::pin(purge(&self.pool, batch))
+            Box::pin($purge(&self.pool, batch))
         }
 
         fn complete_in<'a>(
@@ -275,7 +288,7 @@ macro_rules! pooled_methods {
         ) -> BoxFuture<'a, Result<bool, Error>> {
             Box::pin(async move {
                 let conn = super::dialect::own_conn::<$conn>(self.name(), conn)?;
-                complete(conn, key, owner, value, ttl).await
+                $complete(conn, key, owner, value, ttl).await
             })
         }
 
@@ -297,39 +310,39 @@ macro_rules! pooled_methods {
         fn load_value<'a>(
             &'a self,
             key: &'a Key,
-        ) -> BoxFuture<'a, Result<Option<super::toolbox::ValueRow>, Error>> {
-            Box::pin(toolbox::load_value(&self.pool, key))
+        ) -> BoxFuture<'a, Result<Option<super::$toolbox::ValueRow>, Error>> {
+            Box::pin($toolbox::load_value(&self.pool, key))
         }
 
         fn write_value<'a>(
             &'a self,
             key: &'a Key,
-            write: super::toolbox::ValueWrite<'a>,
+            write: super::$toolbox::ValueWrite<'a>,
         ) -> BoxFuture<'a, Result<u64, Error>> {
-            Box::pin(toolbox::write_value(&self.pool, key, write))
+            Box::pin($toolbox::write_value(&self.pool, key, write))
         }
 
         fn read_state<'a>(
             &'a self,
             key: &'a Key,
-        ) -> BoxFuture<'a, Result<Option<super::toolbox::StateRow>, Error>> {
-            Box::pin(toolbox::read_state(&self.pool, key))
+        ) -> BoxFuture<'a, Result<Option<super::$toolbox::StateRow>, Error>> {
+            Box::pin($toolbox::read_state(&self.pool, key))
         }
 
         fn write_state<'a>(
             &'a self,
             key: &'a Key,
-            write: super::toolbox::StateWrite<'a>,
+            write: super::$toolbox::StateWrite<'a>,
         ) -> BoxFuture<'a, Result<u64, Error>> {
-            Box::pin(toolbox::write_state(&self.pool, key, write))
+            Box::pin($toolbox::write_state(&self.pool, key, write))
         }
 
         fn purge_values(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-            Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_VALUES, batch))
+            Box::pin($toolbox::purge(&self.pool, $toolbox::PURGE_VALUES, batch))
         }
 
         fn purge_states(&self, batch: i64) -> BoxFuture<'_, Result<u64, Error>> {
-            Box::pin(toolbox::purge(&self.pool, toolbox::PURGE_STATES, batch))
+            Box::pin($toolbox::purge(&self.pool, $toolbox::PURGE_STATES, batch))
         }
 
         fn close(&self) -> BoxFuture<'_, ()> {
@@ -344,7 +357,7 @@ macro_rules! pooled_methods {
         ) -> BoxFuture<'a, Result<bool, Error>> {
             Box::pin(async move {
                 let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-                self.write_step_on(&mut conn, false, key, owner, step).await
+                $write_step_on(self, &mut conn, false, key, owner, step).await
             })
         }
 
@@ -357,7 +370,7 @@ macro_rules! pooled_methods {
         ) -> BoxFuture<'a, Result<bool, Error>> {
             Box::pin(async move {
                 let conn = super::dialect::own_conn::<$conn>(self.name(), conn)?;
-                self.write_step_on(conn, true, key, owner, step).await
+                $write_step_on(self, conn, true, key, owner, step).await
             })
         }
 
@@ -367,7 +380,7 @@ macro_rules! pooled_methods {
         ) -> BoxFuture<'a, Result<Vec<super::journal::StepRow>, Error>> {
             Box::pin(async move {
                 let mut conn = self.pool.acquire().await.map_err(Error::store)?;
-                read_steps(&mut conn, key, false).await
+                $read_steps(&mut conn, key, false).await
             })
         }
 
@@ -378,12 +391,12 @@ macro_rules! pooled_methods {
         ) -> BoxFuture<'a, Result<Vec<super::journal::StepRow>, Error>> {
             Box::pin(async move {
                 let conn = super::dialect::own_conn::<$conn>(self.name(), conn)?;
-                read_steps(conn, key, true).await
+                $read_steps(conn, key, true).await
             })
         }
 
         fn drop_dead_steps<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), Error>> {
-            Box::pin(drop_dead_steps(&self.pool, key))
+            Box::pin($drop_dead_steps(&self.pool, key))
         }
     };
 }

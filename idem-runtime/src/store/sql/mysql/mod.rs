@@ -650,5 +650,18 @@ impl super::dialect::Dialect for MySqlDialect {
         }))
     }
 
-    super::dialect::pooled_methods!(MySqlConnection);
+    super::dialect::pooled_methods! {
+        conn: MySqlConnection,
+        release: release,
+        renew: renew,
+        inspect: inspect,
+        forget: forget,
+        count: count,
+        purge: purge,
+        complete: complete,
+        write_step_on: Self::write_step_on,
+        read_steps: read_steps,
+        drop_dead_steps: drop_dead_steps,
+        toolbox: toolbox,
+    }
 }

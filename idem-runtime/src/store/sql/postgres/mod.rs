@@ -220,7 +220,20 @@ impl super::dialect::Dialect for PgDialect {
         })
     }
 
-    super::dialect::pooled_methods!(PgConnection);
+    super::dialect::pooled_methods! {
+        conn: PgConnection,
+        release: release,
+        renew: renew,
+        inspect: inspect,
+        forget: forget,
+        count: count,
+        purge: purge,
+        complete: complete,
+        write_step_on: Self::write_step_on,
+        read_steps: read_steps,
+        drop_dead_steps: drop_dead_steps,
+        toolbox: toolbox,
+    }
 }
 
 /// The batch queues of a PostgreSQL store.

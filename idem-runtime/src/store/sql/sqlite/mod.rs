@@ -578,5 +578,18 @@ impl super::dialect::Dialect for SqliteDialect {
         })
     }
 
-    super::dialect::pooled_methods!(SqliteConnection);
+    super::dialect::pooled_methods! {
+        conn: SqliteConnection,
+        release: release,
+        renew: renew,
+        inspect: inspect,
+        forget: forget,
+        count: count,
+        purge: purge,
+        complete: complete,
+        write_step_on: Self::write_step_on,
+        read_steps: read_steps,
+        drop_dead_steps: drop_dead_steps,
+        toolbox: toolbox,
+    }
 }
