@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fails if a source file of the workspace is over 700 lines (CONTRIBUTING's rule).
+"""Fails if a source file of the workspace is over 700 lines (CONTRIBUTING's rule), or
+the README is over 150 (a front page; the manual is in docs/).
 
     python3 .ci/file_lines.py
 
@@ -15,6 +16,7 @@ import sys
 import tomllib
 
 LIMIT = 700
+README_LIMIT = 150
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,6 +60,11 @@ def main():
     for path in sorted(allow - over.keys()):
         print(f"{path}: in .ci/file_lines.allow but not over {LIMIT} lines: take it off the list",
               file=sys.stderr)
+        failed = True
+    readme = lines(os.path.join(ROOT, "README.md"))
+    if readme > README_LIMIT:
+        print(f"README.md: {readme} lines, over {README_LIMIT}: it is a front page, move the rest "
+              "to docs/", file=sys.stderr)
         failed = True
     return 1 if failed else 0
 
