@@ -385,3 +385,16 @@ fn truncate(hash: blake3::Hash) -> [u8; 16] {
     digest.copy_from_slice(&hash.as_bytes()[..16]);
     digest
 }
+
+/// A downstream idempotency key from a BLAKE3 output: `idem-` and 32 lowercase hex
+/// digits of its first 128 bits (the call's and each step's, each under its own
+/// derivation context).
+pub(crate) fn downstream(out: blake3::Hash) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(37);
+    s.push_str("idem-");
+    for b in &out.as_bytes()[..16] {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}

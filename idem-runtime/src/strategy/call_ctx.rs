@@ -4,7 +4,6 @@
 //! waiting for itself. (Its durable steps keep a frame of their own: see
 //! [`super::step::frame`].)
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -110,29 +109,5 @@ pub fn call_key() -> Option<String> {
 fn downstream_key(key: &Key) -> String {
     let mut h = blake3::Hasher::new_derive_key("idem 2026 call downstream idempotency key");
     h.update(key.digest());
-    let out = h.finalize();
-    let mut s = String::with_capacity(37);
-    s.push_str("idem-");
-    for b in &out.as_bytes()[..16] {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// The downstream idempotency key of step `name` of the record `key`: `idem-` and 32
-/// lowercase hex digits of BLAKE3 in key-derivation mode (a context of its own, so it is
-/// neither the call's key nor the record's name) over the record's digest and the
-/// step's name, length-prefixed so that no two (record, name) pairs share an input.
-pub(crate) fn step_key(key: &Key, name: &str) -> String {
-    let mut h = blake3::Hasher::new_derive_key("idem 2026 step downstream idempotency key");
-    h.update(key.digest());
-    h.update(&(name.len() as u64).to_le_bytes());
-    h.update(name.as_bytes());
-    let out = h.finalize();
-    let mut s = String::with_capacity(37);
-    s.push_str("idem-");
-    for b in &out.as_bytes()[..16] {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
+    crate::key::downstream(h.finalize())
 }

@@ -54,7 +54,6 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
 use self::frame::{Journaled, StepStart};
-use super::call_ctx;
 use super::claiming::Finishing;
 use crate::codec::{decode_step, encode_step};
 use crate::observe::{self, StepOutcome};
@@ -268,7 +267,7 @@ where
         return Err(Error::Unsupported("durable steps (a step journal)").into());
     }
     let ctx = || StepCtx {
-        key: call_ctx::step_key(&key, name),
+        key: step_key(&key, name),
     };
     match (&start.journaled, verify) {
         (Journaled::Done(bytes), _) => {
@@ -532,7 +531,7 @@ where
         .into());
     };
     let ctx = StepCtx {
-        key: call_ctx::step_key(&key, name),
+        key: step_key(&key, name),
     };
     // An `Err`, or a panic, drops the transaction: rolled back.
     let value = frame::within(&start, f(ctx, &mut tx)).await?;
@@ -549,4 +548,16 @@ where
     tx.commit().await.map_err(Error::store)?;
     frame::remember(name, Journaled::Done(bytes));
     Ok((value, StepOutcome::Ran))
+}
+
+/// The downstream idempotency key of step `name` of the record `key`: `idem-` and 32
+/// lowercase hex digits of BLAKE3 in key-derivation mode (a context of its own, so it is
+/// neither the call's key nor the record's name) over the record's digest and the
+/// step's name, length-prefixed so that no two (record, name) pairs share an input.
+fn step_key(key: &Key, name: &str) -> String {
+    let mut h = blake3::Hasher::new_derive_key("idem 2026 step downstream idempotency key");
+    h.update(key.digest());
+    h.update(&(name.len() as u64).to_le_bytes());
+    h.update(name.as_bytes());
+    crate::key::downstream(h.finalize())
 }
