@@ -390,11 +390,12 @@ fn truncate(hash: blake3::Hash) -> [u8; 16] {
 /// digits of its first 128 bits (the call's and each step's, each under its own
 /// derivation context).
 pub(crate) fn downstream(out: blake3::Hash) -> String {
-    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(37);
     s.push_str("idem-");
-    for b in &out.as_bytes()[..16] {
-        let _ = write!(s, "{b:02x}");
+    for &b in &out.as_bytes()[..16] {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     s
 }

@@ -111,3 +111,19 @@ fn downstream_key(key: &Key) -> String {
     h.update(key.digest());
     crate::key::downstream(h.finalize())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call's downstream key reaches gateways, which deduplicate by it: it must never
+    /// change from one release to the next.
+    #[test]
+    fn the_call_key_is_pinned() {
+        let key = Key::from_parts("shop", "shop::charge", [7; 16]);
+        assert_eq!(
+            downstream_key(&key),
+            "idem-f02a4a442a34b448f45e7a3034db4614"
+        );
+    }
+}

@@ -46,7 +46,9 @@
 //! # Ok(()) }
 //! ```
 
+use std::fmt;
 use std::future::Future;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -63,12 +65,38 @@ use crate::{Error, Key};
 pub(crate) mod frame;
 
 /// What a step's closure gets: its downstream idempotency key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct StepCtx {
-    key: String,
+    record: Key,
+    name: String,
+    /// The downstream key, derived on the first [`key`](Self::key): most steps never
+    /// ask for it, and deriving it costs a few thousand instructions.
+    key: OnceLock<String>,
 }
 
+impl fmt::Debug for StepCtx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepCtx").field("key", &self.key()).finish()
+    }
+}
+
+impl PartialEq for StepCtx {
+    fn eq(&self, other: &Self) -> bool {
+        self.record.digest() == other.record.digest() && self.name == other.name
+    }
+}
+
+impl Eq for StepCtx {}
+
 impl StepCtx {
+    fn new(record: Key, name: &str) -> Self {
+        StepCtx {
+            record,
+            name: name.to_owned(),
+            key: OnceLock::new(),
+        }
+    }
+
     /// A stable downstream idempotency key for this (record, step): the same on every
     /// attempt and, on a shared store (Redis, SQL), in every process; different for
     /// every step and every key. `idem-` and 32 lowercase hex digits (37 printable ASCII
@@ -76,7 +104,7 @@ impl StepCtx {
     /// and the step's name, so it carries no raw key material. On an in-process store
     /// ([`MemoryStore`](crate::MemoryStore)) it is stable within the process.
     pub fn key(&self) -> &str {
-        &self.key
+        self.key.get_or_init(|| step_key(&self.record, &self.name))
     }
 }
 
@@ -266,9 +294,7 @@ where
     if start.store.journal().is_none() {
         return Err(Error::Unsupported("durable steps (a step journal)").into());
     }
-    let ctx = || StepCtx {
-        key: step_key(&key, name),
-    };
+    let ctx = || StepCtx::new(key, name);
     match (&start.journaled, verify) {
         (Journaled::Done(bytes), _) => {
             let value = decode_step::<T>(&key, bytes).map_err(|e| named(e, name))?;
@@ -530,9 +556,7 @@ where
         ))
         .into());
     };
-    let ctx = StepCtx {
-        key: step_key(&key, name),
-    };
+    let ctx = StepCtx::new(key, name);
     // An `Err`, or a panic, drops the transaction: rolled back.
     let value = frame::within(&start, f(ctx, &mut tx)).await?;
     let bytes = sealed(&key, name, &value)?;
@@ -560,4 +584,21 @@ fn step_key(key: &Key, name: &str) -> String {
     h.update(&(name.len() as u64).to_le_bytes());
     h.update(name.as_bytes());
     crate::key::downstream(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Downstream keys reach gateways and other services, which deduplicate by them:
+    /// they must never change from one release to the next.
+    #[test]
+    fn downstream_keys_are_pinned() {
+        let key = Key::from_parts("shop", "shop::checkout", [7; 16]);
+        let ctx = StepCtx::new(key, "charge");
+        assert_eq!(ctx.key(), "idem-486d480c43b1b01c0e3d5e657a3b2290");
+        assert_eq!(ctx.key(), step_key(&key, "charge"));
+        assert_ne!(StepCtx::new(key, "mail").key(), ctx.key());
+        assert_eq!(StepCtx::new(key, "charge"), ctx);
+    }
 }
