@@ -23,17 +23,22 @@ pub(super) enum Raw {
     Postgres(sqlx::PgPool),
 }
 
-/// SqlStore's step write (`WRITE_STEP` in its postgres.rs) without its checks: it
-/// appends the entry, stamped with the database's clock, to the `steps` column of the
-/// record's own row and sets the journal's expiry, whoever holds the row and whatever
-/// its state or lease, and whether or not an older journal expired.
+/// SqlStore's step write (`WRITE_STEP` in its postgres/journal.rs) without its checks:
+/// it numbers the step and sets the journal's expiry on the record's row, and inserts
+/// (or replaces) the step's row in `idem_steps`, stamped with the database's clock, in
+/// one statement, whoever holds the record and whatever its state or lease, and without
+/// dropping an older journal's rows.
 const PG_RAW_WRITE: &str = "\
-WITH t AS (SELECT (extract(epoch from now()) * 1000000)::int8 AS now)
-UPDATE idem_records r SET
-    steps = coalesce(r.steps, ''::bytea) || convert_to(lpad(t.now::text, 16, '0'), 'UTF8') || $2,
-    steps_expires_us = t.now + $3
-FROM t
-WHERE r.id = $1";
+WITH t AS (SELECT (extract(epoch from now()) * 1000000)::int8 AS now),
+upd AS (
+    UPDATE idem_records r SET steps_n = r.steps_n + 1, steps_expires_us = t.now + $4
+    FROM t WHERE r.id = $1
+    RETURNING r.id, r.steps_n
+)
+INSERT INTO idem_steps AS s (id, name_id, seq, at_us, entry)
+SELECT upd.id, $2, upd.steps_n, t.now, $3 FROM upd, t
+ON CONFLICT (id, name_id) DO UPDATE SET
+    seq = EXCLUDED.seq, at_us = EXCLUDED.at_us, entry = EXCLUDED.entry";
 
 impl Raw {
     /// One owner-less write of step `name`'s `value` beside `key`'s record.
@@ -76,18 +81,21 @@ impl Raw {
                 entry.extend_from_slice(name.as_bytes());
                 entry.extend_from_slice(&(json.len() as u32).to_be_bytes());
                 entry.extend_from_slice(&json);
+                // The step's row key as SqlStore makes it: 16 bytes of BLAKE3 of the name.
+                let name_id = blake3::hash(name.as_bytes());
                 let done = sqlx::query(PG_RAW_WRITE)
                     .bind(&key.digest()[..])
+                    .bind(&name_id.as_bytes()[..16])
                     .bind(entry)
                     .bind(TTL.as_micros() as i64)
                     .execute(pool)
                     .await
-                    .map_err(|e| BenchError::of("raw UPDATE", e))?;
+                    .map_err(|e| BenchError::of("raw step write", e))?;
                 if done.rows_affected() == 1 {
                     Ok(())
                 } else {
                     Err(BenchError(format!(
-                        "raw UPDATE found no record row for call {key}"
+                        "the raw step write found no record row for call {key}"
                     )))
                 }
             }
