@@ -7,6 +7,8 @@
 
 #[path = "support/redis_harness.rs"]
 mod harness;
+#[path = "support/stopped.rs"]
+mod stopped;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -191,14 +193,7 @@ async fn paused_holder_cannot_release_the_new_holders_lock() {
     let ns = harness::unique("pause");
     let (mut child, mut out) = spawn_child("pause", url, &ns);
     let f1: u64 = expect_line(&mut out, "FENCE").parse().unwrap();
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    stopped::stop(child.id());
 
     let idem = idem(url, &ns);
     let store = idem.store().clone();
@@ -212,13 +207,7 @@ async fn paused_holder_cannot_release_the_new_holders_lock() {
         }
     };
     assert!(f2 > f1, "fences must increase: {f1} then {f2}");
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    stopped::signal(child.id(), "-CONT");
     let done = expect_line(&mut out, "DONE");
     child.wait().unwrap();
     assert!(

@@ -10,6 +10,8 @@
 
 #[path = "support/redis_harness.rs"]
 mod harness;
+#[path = "support/stopped.rs"]
+mod stopped;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -197,9 +199,11 @@ impl Paused {
     }
 
     fn signal(&self, sig: &str) {
-        let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
-        assert!(ok.success(), "kill {sig} {pid}");
+        if sig == "-STOP" {
+            stopped::stop(self.child.id());
+        } else {
+            stopped::signal(self.child.id(), sig);
+        }
     }
 
     /// The numbers of the child's `DONE` line, by name, once it has exited.

@@ -15,6 +15,8 @@
 //! child is stopped, and the parent resumes it once the takers are done.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/stopped.rs"]
+mod stopped;
 #[path = "support/sql.rs"]
 mod support;
 
@@ -230,26 +232,15 @@ impl Run {
         }
     }
 
-    fn signal(&self, sig: &str) {
-        let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
-
     /// Stops the child, then lets its bodies go on once it is resumed.
     fn pause(&self) {
-        self.signal("-STOP");
+        stopped::stop(self.child.id());
         std::fs::write(&self.go, b"go").unwrap();
     }
 
     /// Resumes the child; its (committed, failed) counts once it has exited.
     fn resume(&mut self) -> (u64, u64) {
-        self.signal("-CONT");
+        stopped::signal(self.child.id(), "-CONT");
         let done = self.line("DONE");
         assert!(self.child.wait().unwrap().success());
         let n = |name: &str| -> u64 {
