@@ -82,6 +82,7 @@
 pub mod codec;
 mod error;
 mod fingerprint;
+mod handle;
 pub mod inspect;
 mod intern;
 mod key;
@@ -103,10 +104,11 @@ pub mod toolbox;
 pub use codec::Codec;
 pub use error::Error;
 pub use fingerprint::Fingerprint;
+pub use handle::Idem;
 pub use idem_macros::{idempotent, retry_on_conflict, transition};
 pub use key::Key;
 pub use options::{OnDuplicate, Options};
-pub use runtime::{Idem, IdemBuilder, current, init};
+pub use runtime::{IdemBuilder, current, init};
 pub use store::Store;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -1,6 +1,6 @@
-//! The runtime handle: a store, a namespace, and the calls of the three strategies
-//! without the macro. `Idem`'s other methods are in `operator.rs` (operating) and
-//! `toolbox.rs` (the toolbox).
+//! Building the runtime handle ([`Idem`], defined in `handle.rs`), the current runtime,
+//! and `Idem`'s methods for calling: the three strategies without the macro. Its other
+//! methods are in `operator.rs` (operating) and `toolbox.rs` (the toolbox).
 
 use std::fmt;
 use std::future::Future;
@@ -11,59 +11,12 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::codec::{Codec, ReplayOk};
+use crate::handle::{Idem, Inner};
 use crate::key::{Digest, KeyWriter};
 use crate::options::DEFAULT_NAMESPACE;
 use crate::store::memory::MemoryStore;
 use crate::store::{ClaimKind, Store};
 use crate::{Error, Fingerprint, Key, Options};
-
-/// An idem runtime: a [`Store`] and a namespace. Cheap to clone (one `Arc`).
-///
-/// Functions under `#[idempotent]` use the *current* runtime: the one of an enclosing
-/// [`Idem::scope`], else the one given to [`init`], else a process-wide default on a
-/// [`MemoryStore`], so that zero configuration still works. A function can also name its
-/// runtime (`#[idempotent(key = "...", idem = self.idem)]`), and then needs neither.
-///
-/// The fallback says so once per process, with a `tracing` warning and a line on stderr:
-/// a service that forgot [`init`] deduplicates only inside one process. To use the
-/// in-process store on purpose, [`init`] with a [`MemoryStore`] (then nothing is said),
-/// or set the environment variable `IDEM_QUIET_FALLBACK=1` to keep stderr quiet.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::{Idem, MemoryStore, Options};
-///
-/// let idem = Idem::builder().store(MemoryStore::new()).namespace("shop").build();
-/// static CHARGE: Options = Options::dedup("shop::charge");
-/// let first: u64 = idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(100) }).await?;
-/// let again: u64 = idem.dedup(&CHARGE, "order-42", async { Ok::<_, idem_runtime::Error>(999) }).await?;
-/// assert_eq!((first, again), (100, 100)); // the second body never ran
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct Idem {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    store: Arc<dyn Store>,
-    namespace: &'static str,
-    /// How records are named: a per-process keyed hash when the store never leaves the
-    /// process, the portable digest otherwise.
-    digest: Digest,
-    lease_lost: AtomicU64,
-    store_failures: AtomicU64,
-}
-
-impl fmt::Debug for Idem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idem")
-            .field("store", &self.inner.store.name())
-            .field("namespace", &self.inner.namespace)
-            .finish()
-    }
-}
 
 /// Builds an [`Idem`]; see [`Idem::builder`].
 #[derive(Default)]
