@@ -150,7 +150,7 @@ async fn a_hundred_big_steps_each_intact_and_the_write_costs_that_step() {
             let ok = journal
                 .write_step(&key, owner, &name, v, TTL)
                 .await
-                .unwrap();
+                .unwrap_or_else(|e| panic!("{label}: write {i} failed: {e:?}"));
             took.push(t.elapsed());
             assert!(ok, "{label}: write {i} refused");
             if i % 25 == 24 {
