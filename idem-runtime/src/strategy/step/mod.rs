@@ -57,7 +57,7 @@ use tracing::Instrument as _;
 
 use self::frame::{Journaled, StepStart};
 use super::claiming::Finishing;
-use crate::codec::{decode_step, encode_step};
+use crate::codec::{decode_step, decodes_as, encode_step};
 use crate::observe::{self, StepOutcome};
 use crate::store::BoxFuture;
 use crate::{Error, Key};
@@ -340,8 +340,8 @@ fn sealed<T: Serialize + DeserializeOwned>(
     value: &T,
 ) -> Result<Bytes, Error> {
     let bytes = encode_step(key, value).map_err(|e| named(e, name))?;
-    match decode_step::<T>(key, &bytes) {
-        Ok(_) => Ok(bytes),
+    match decodes_as::<T>(key, &bytes) {
+        Ok(()) => Ok(bytes),
         Err(e) => Err(named(
             Error::Codec {
                 key: *key,
