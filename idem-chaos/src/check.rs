@@ -239,7 +239,7 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
             let prev = &runs[i - 1];
             if lossy_failover && in_split(&c.events, prev.at) {
                 split_doubled = true;
-            } else if explained(&c.events, prev, r)
+            } else if explained(&c.events, &c.calls, prev, r)
                 || super::pause::explains(&c.events, prev, r)
                 || super::pause::lost_lease_explains(&c.events, prev, r)
             {
@@ -384,17 +384,32 @@ fn in_split(events: &[Event], at: i64) -> bool {
     })
 }
 
-fn explained(events: &[Event], prev: &Run, next: &Run) -> bool {
+fn explained(events: &[Event], calls: &[Call], prev: &Run, next: &Run) -> bool {
+    // A cut explains a run that was in flight at it (failure model: "the keys in flight
+    // at the cut ... run again after their lease"). In flight means from the start of
+    // its call, when the history has it: a claim sent before the cut can be answered
+    // only after the heal, well past its lease, and its body then runs. Without the
+    // call, within a lease (1 s at most here) before the run's effect.
+    let lease_before = prev.at - 1_000_000;
+    let in_flight_from = calls
+        .iter()
+        .find(|c| {
+            c.incarnation == prev.incarnation
+                && c.key == prev.key
+                && c.start <= prev.at
+                && prev.at <= c.end
+        })
+        .map_or(lease_before, |c| c.start.min(lease_before));
     events.iter().any(|e| match e.kind.as_str() {
         "kill" => e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at,
         "partition" => {
-            e.incarnation == prev.incarnation && prev.at - 1_000_000 <= e.at && e.at <= next.at
+            e.incarnation == prev.incarnation && in_flight_from <= e.at && e.at <= next.at
         }
         // The ends of faults explain nothing.
         "heal" | "healed" | "promoted" | "rejoined" => false,
         // A worker's pause or lost lease, not a store fault: see `pause`.
         kind if super::pause::is_worker_event(kind) => false,
-        _ => prev.at - 1_000_000 <= e.at && e.at <= next.at,
+        _ => lease_before <= e.at && e.at <= next.at,
     })
 }
 
@@ -464,6 +479,27 @@ mod tests {
             calls: vec![],
         };
         assert_eq!(check(&c, false).violations.len(), 1);
+    }
+
+    /// A worker cut while its claim was on the wire gets the answer after the heal and
+    /// runs its body then, more than a lease after the cut began; another worker took
+    /// the key meanwhile. In flight at the cut: explained. The same effect from a call
+    /// made after the cut began is not.
+    #[test]
+    fn a_run_whose_call_was_in_flight_at_a_cut_is_explained() {
+        let cut_at = 13_673_000;
+        let in_flight = Contents {
+            runs: vec![run(962, 8, 15_267_000), run(962, 10, 16_179_000)],
+            seen: vec![],
+            events: vec![ev("partition", 8, cut_at), ev("heal", 8, 15_204_000)],
+            calls: vec![call(8, 962, 13_600_000, 15_300_000, "ran-lost")],
+        };
+        assert!(check(&in_flight, false).violations.is_empty());
+        let made_after_the_cut = Contents {
+            calls: vec![call(8, 962, 14_000_000, 15_300_000, "ran")],
+            ..in_flight
+        };
+        assert_eq!(check(&made_after_the_cut, false).violations.len(), 1);
     }
 
     #[test]

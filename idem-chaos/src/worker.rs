@@ -391,6 +391,28 @@ async fn pay_once(
     }
 }
 
+/// What the checker needs to know of a payment's outcome, written to the ledger by a
+/// worker's own calls and its recoverer's alike: a completion reported to the caller
+/// (`seen`), and a completion the store refused (`lost <key>`), so that the checker can
+/// tell a visible double (this key's lease lost, counted) from a silent one.
+async fn written_down(ledger: &Ledger, inc: i32, key: u64, outcome: &Outcome) {
+    let id = i64::try_from(key).unwrap_or(0);
+    match outcome {
+        Outcome::Ran { acknowledged, lost } => {
+            if *lost {
+                let _ = ledger.event(&super::ledger::lost_event(key), inc).await;
+            }
+            if *acknowledged {
+                let _ = ledger.seen(id, inc).await;
+            }
+        }
+        Outcome::Replayed => {
+            let _ = ledger.seen(id, inc).await;
+        }
+        _ => {}
+    }
+}
+
 /// A recoverer of the payments function on `idem`: it finishes the payments a killed,
 /// cut or paused worker abandoned, as the same call, its effects written by
 /// incarnation `inc` and its completions marked seen, as a worker's are.
@@ -414,18 +436,10 @@ pub(crate) fn recoverer(
                 (on.clone(), watched.clone(), ledger.clone(), history.clone());
             async move {
                 let mut rng = Rng::new(key);
-                let id = i64::try_from(key).unwrap_or(0);
-                match pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await {
-                    Outcome::Ran { acknowledged, .. } => {
-                        if acknowledged {
-                            let _ = ledger.seen(id, inc).await;
-                        }
-                        Ok(())
-                    }
-                    Outcome::Replayed => {
-                        let _ = ledger.seen(id, inc).await;
-                        Ok(())
-                    }
+                let outcome = pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await;
+                written_down(&ledger, inc, key, &outcome).await;
+                match outcome {
+                    Outcome::Ran { .. } | Outcome::Replayed => Ok(()),
                     other => Err(other.name()),
                 }
             }
@@ -487,21 +501,14 @@ pub(crate) async fn run(s: Settings) -> Result<(), String> {
             while now_ms() < until && std::os::unix::process::parent_id() == parent {
                 let key = rng.below(keys);
                 counts.calls.fetch_add(1, Ordering::Relaxed);
-                match pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await {
-                    Outcome::Ran { acknowledged, lost } => {
+                let outcome = pay(&idem, &watched, &ledger, &history, inc, key, &mut rng).await;
+                written_down(&ledger, inc, key, &outcome).await;
+                match outcome {
+                    Outcome::Ran { .. } => {
                         counts.ran.fetch_add(1, Ordering::Relaxed);
-                        if lost {
-                            // Written down, so the checker can tell a visible double
-                            // (this key's lease lost, counted) from a silent one.
-                            let _ = ledger.event(&super::ledger::lost_event(key), inc).await;
-                        }
-                        if acknowledged {
-                            let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
-                        }
                     }
                     Outcome::Replayed => {
                         counts.replayed.fetch_add(1, Ordering::Relaxed);
-                        let _ = ledger.seen(i64::try_from(key).unwrap_or(0), inc).await;
                     }
                     Outcome::StoreError => {
                         counts.store_errors.fetch_add(1, Ordering::Relaxed);
