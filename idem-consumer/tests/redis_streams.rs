@@ -302,10 +302,14 @@ async fn without_refreshes_a_reclaimed_entry_waits_for_its_running_twin() {
     let effects = Effects::default();
     let started = Arc::new(AtomicBool::new(false));
     let idem = idem();
+    // The test needs the second consumer to reclaim the entry while the first handler
+    // still runs: it starts after that handler, and reclaims on its first pass (every
+    // 1 s, once the entry is 500 ms idle). Six seconds leave that room on a loaded CI
+    // machine; with three, a late start once found the entry already acked.
     let slow = recording(
         idem.clone(),
         &effects,
-        Duration::from_secs(3),
+        Duration::from_secs(6),
         started.clone(),
     );
     let min_idle = Duration::from_millis(500);
