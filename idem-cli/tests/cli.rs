@@ -14,11 +14,10 @@ use serde_json::Value;
 static CHARGE: Options = Options::dedup("app::charge");
 static TOKEN: Options = Options::token("app::redeem");
 
+/// A namespace no other test, process or earlier run uses: an owner id's high half is
+/// random per process and its low half unique within it.
 fn unique(name: &str) -> String {
-    format!(
-        "{name}-{:016x}",
-        Owner::next().0 as u64 ^ u64::from(std::process::id())
-    )
+    format!("{name}-{:032x}", Owner::next().0)
 }
 
 /// Runs `idem ARGS` with stdin closed (not a terminal).
@@ -66,7 +65,9 @@ async fn operate(url: &str) {
         .unwrap();
     assert_eq!(cents, 100);
     let stuck = service.record_key(&CHARGE, "charge:7");
-    let holder = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), Duration::from_secs(60));
+    // A lease far longer than the test, so that only `forget` can free the key even if
+    // the machine stalls for a while (the whole VM paused, the store's clock stepped).
+    let holder = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), Duration::from_secs(3600));
     assert!(matches!(
         store.claim(&stuck, &holder).await.unwrap(),
         ClaimOutcome::Claimed { .. }

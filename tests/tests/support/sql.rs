@@ -24,12 +24,11 @@ pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}-{:032x}", idem_runtime::store::Owner::next().0)
 }
 
-/// A short random suffix for table and database names.
+/// A short suffix for table and database names, unique across processes and runs: the
+/// owner id's random per-process half mixed with its per-call half.
 pub(crate) fn suffix() -> String {
-    format!(
-        "{:016x}",
-        idem_runtime::store::Owner::next().0 as u64 ^ std::process::id() as u64
-    )
+    let id = idem_runtime::store::Owner::next().0;
+    format!("{:016x}", (id >> 64) as u64 ^ (id as u64).rotate_left(32))
 }
 
 pub(crate) fn ms(n: u64) -> Duration {
