@@ -23,14 +23,13 @@ if k == 100 then
   -- A plain dedup claim has no journal of its own: whatever is there was left by an
   -- older idem that did not keep the record, and was never read by this claim.
   redis.call('DEL', KEYS[2])
+  -- Its expiry stays the lease's until the end of the script moves it past the journal's.
   redis.call('SET', rec, 'p' .. string.char(w) .. 's' .. string.sub(v, 4)
-    .. string.format('%015.0f', ld), 'PXAT', string.format('%.0f', math.max(ld, now + tonumber(ARGV[5]))))
+    .. string.format('%015.0f', ld), 'KEEPTTL')
 elseif not ld then
   return {0, 'steps are journaled for dedup and token claims only'}
 elseif ld <= now then
   return 0
-elseif k == 115 then
-  redis.call('PEXPIREAT', rec, string.format('%.0f', now + tonumber(ARGV[5])), 'GT')
 end
 -- The entry: its kind, when (15 decimal digits, ms by the Redis clock), the value.
 local entry = ARGV[3] .. string.format('%015.0f', now) .. ARGV[4]
@@ -40,4 +39,9 @@ else
   redis.call('HSET', KEYS[2], ARGV[2], entry)
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
+if k ~= 116 then
+  -- A stepped dedup record lives as long as its journal: its expiry is set after the
+  -- journal's, from the same server clock, so it is never the earlier of the two.
+  redis.call('PEXPIRE', rec, ARGV[5], 'GT')
+end
 return 1
