@@ -33,6 +33,29 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 static DEDUP: Options = Options::dedup("redis_store::dedup");
 static LOCK: Options = Options::lock("redis_store::lock");
 
+/// Whether a stepped record outlives its journal after step `after`, by their absolute
+/// deadlines (`PEXPIRETIME`): exact, where two `PTTL`s read one after the other are not.
+async fn record_outlives_journal(
+    c: &mut redis::aio::MultiplexedConnection,
+    record: &str,
+    journal: &str,
+    after: &str,
+) {
+    let mut expires_at = async |key: &str| -> i64 {
+        redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(&mut *c)
+            .await
+            .unwrap()
+    };
+    let (rec_at, steps_at) = (expires_at(record).await, expires_at(journal).await);
+    let rec_ttl: i64 = c.pttl(record).await.unwrap();
+    assert!(
+        rec_ttl > 30_000 && rec_at >= steps_at && steps_at > 0,
+        "after {after:?} the record lives as long as its journal: {rec_at} vs {steps_at}"
+    );
+}
+
 /// The round-trip budget, seen by the server itself (`MONITOR`): a new key is a
 /// native `SET NX GET` and a completion script, a replay that one `SET`, and neither
 /// touches a step journal; a stepped body adds one script per step, and its resumption
@@ -478,37 +501,17 @@ async fn stepped_records_keep_their_journal_and_its_payload() {
     );
     assert_eq!(&rec[3..19], &a.owner.0.to_be_bytes());
     assert_eq!(&rec[19..35], &[0xa; 16]);
-    // Absolute deadlines (PEXPIRETIME), so the check is exact: the record is never the
-    // first of the two to expire, after the first step as after a later one.
-    let expiry_conn = c.clone();
-    let expiry = |key: String| {
-        let mut c = expiry_conn.clone();
-        async move {
-            let at: i64 = redis::cmd("PEXPIRETIME")
-                .arg(key)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            at
-        }
-    };
-    for (i, step) in ["charge", "ship"].into_iter().enumerate() {
-        if i > 0 {
-            let value = Some(Bytes::from_static(b"\x03"));
-            assert!(
-                journal
-                    .write_step(&key, a.owner, step, value, ms(600_000))
-                    .await
-                    .unwrap()
-            );
-        }
-        let (rec_at, steps_at) = (expiry(name.clone()).await, expiry(steps.clone()).await);
-        let rec_ttl: i64 = c.pttl(&name).await.unwrap();
-        assert!(
-            rec_ttl > 30_000 && rec_at >= steps_at && steps_at > 0,
-            "after {step:?} the record lives as long as its journal: {rec_at} vs {steps_at}"
-        );
-    }
+    // The record is never the first of the two to expire, after the first step as after
+    // a later one.
+    record_outlives_journal(&mut c, &name, &steps, "charge").await;
+    let value = Some(Bytes::from_static(b"\x03"));
+    assert!(
+        journal
+            .write_step(&key, a.owner, "ship", value, ms(600_000))
+            .await
+            .unwrap()
+    );
+    record_outlives_journal(&mut c, &name, &steps, "ship").await;
     let fp: Vec<u8> = c.hget(&steps, &b"\xff"[..]).await.unwrap();
     assert_eq!(fp, [0xa; 16], "the journal keeps its payload");
     assert!(matches!(store.inspect(&key).await.unwrap(), Some(i) if i.lease_left.is_some()));
