@@ -265,3 +265,120 @@ async fn batch_with_a_key_held_by_a_transaction() {
         .unwrap();
     assert_eq!(v, 7);
 }
+
+/// Step writes sent together are decided per record: the owner's are journaled, a
+/// stranger's are not, whatever else is in the batch; and a batch that meets a record
+/// row held by an open transaction is rolled back and its writes run alone, so the
+/// other records are journaled at once and the held one when the row is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_step_writes_check_each_owner() {
+    use idem_runtime::store::JournalStore;
+    let s = Arc::new(small_store(2).await);
+    let idem = idem_for(&s, &unique("batch-steps"));
+    let lease = Duration::from_secs(60);
+    let mut keys = Vec::new();
+    for i in 0..60u32 {
+        let key = idem.key(&DEDUP, format_args!("k{i}"));
+        let owner = Owner::next();
+        let req = ClaimRequest::new(ClaimKind::Dedup, owner, lease);
+        assert!(matches!(
+            s.claim(&key, &req).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        keys.push((key, owner));
+    }
+    // Key 7's row is locked by a transaction of another connection until the rest are
+    // journaled.
+    let admin = admin().await;
+    let mut holder = admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idem_records WHERE id = $1 FOR UPDATE")
+        .bind(&keys[7].0.digest()[..])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for (i, (key, owner)) in keys.iter().copied().enumerate() {
+        let s = s.clone();
+        let honest = i % 2 == 1;
+        let who = if honest { owner } else { Owner::next() };
+        tasks.push(tokio::spawn(async move {
+            let mut written = Vec::new();
+            for step in ["a", "b", "c"] {
+                let value = bytes::Bytes::from(format!("{step}{i}"));
+                written.push(
+                    s.write_step(&key, who, step, Some(value), lease)
+                        .await
+                        .unwrap(),
+                );
+            }
+            (i, honest, written)
+        }));
+    }
+    let held = tasks.remove(7);
+    for t in tasks {
+        let (i, honest, written) = t.await.unwrap();
+        assert_eq!(written, vec![honest; 3], "key {i}: only the owner journals");
+    }
+    assert!(!held.is_finished(), "key 7's write waits for its row");
+    holder.commit().await.unwrap();
+    let (_, honest, written) = held.await.unwrap();
+    assert_eq!(
+        written,
+        vec![honest; 3],
+        "key 7 is journaled once its row is free"
+    );
+    for (i, (key, _)) in keys.iter().enumerate() {
+        let journal = s.read_journal(key).await.unwrap();
+        if i % 2 == 1 {
+            let names: Vec<&str> = journal.iter().map(|e| &*e.name).collect();
+            assert_eq!(names, ["a", "b", "c"], "key {i}");
+            for e in &journal {
+                let want = format!("{}{i}", e.name);
+                assert_eq!(e.value.as_deref(), Some(want.as_bytes()), "key {i}");
+            }
+        } else {
+            assert!(journal.is_empty(), "key {i}: a stranger journaled nothing");
+        }
+    }
+}
+
+/// Many 3-step calls through a pool of two connections: their step writes go out in
+/// batches, and each step's effect happens once per key, with the body's value from
+/// the steps' journaled values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_steps_run_once_per_key() {
+    let s = small_store(2).await;
+    let idem = idem_for(&s, &unique("batch-steps-calls"));
+    static SLOW: Options = Options::dedup("sql::batch-steps").wait(Duration::from_secs(60));
+    let keys = 50u64;
+    let effects: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..keys * 3).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for i in 0..2 * keys {
+        let (idem, effects) = (idem.clone(), effects.clone());
+        let k = i % keys;
+        tasks.push(tokio::spawn(async move {
+            idem.dedup(&SLOW, k, async move {
+                let mut sum = 0u64;
+                for n in 0..3u64 {
+                    let effects = effects.clone();
+                    sum += idem_runtime::step(&format!("s{n}"), |_| async move {
+                        effects[(k * 3 + n) as usize].fetch_add(1, Ordering::SeqCst);
+                        Ok::<u64, Error>(k * 10 + n)
+                    })
+                    .await?;
+                }
+                Ok::<u64, Error>(sum)
+            })
+            .await
+            .map(|v| (k, v))
+        }));
+    }
+    for t in tasks {
+        let (k, v) = t.await.unwrap().expect("every call gets an answer");
+        assert_eq!(v, 3 * k * 10 + 3, "key {k}");
+    }
+    for (n, e) in effects.iter().enumerate() {
+        assert_eq!(e.load(Ordering::SeqCst), 1, "step {n} ran once");
+    }
+}

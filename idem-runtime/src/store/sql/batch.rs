@@ -1,5 +1,5 @@
-//! Group commit (PostgreSQL): concurrent claims, and concurrent completions, of this
-//! process sent together as one statement.
+//! Group commit (PostgreSQL): concurrent claims, concurrent completions, and concurrent
+//! step writes of this process, each kind sent together as one statement.
 //!
 //! A dedup call on a new key waits for two synchronous commits, its claim's and its
 //! completion's, and a connection that commits is held until the WAL is flushed. When

@@ -114,8 +114,20 @@ pub(super) trait Dialect: Send + Sync + 'static {
 
     /// Journals `step` (see the `journal` module) for `key` if `owner` holds it with a
     /// live lease, and makes the journal expire `step.ttl` from now. One atomic,
-    /// owner-checked operation that updates the record's row first.
+    /// owner-checked operation that updates the record's row first. On a pooled
+    /// connection of its own, unless the dialect batches step writes (PostgreSQL).
     fn write_step<'a>(
+        &'a self,
+        _store: &'a SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        step: &'a Step<'a>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        self.write_step_pooled(key, owner, step)
+    }
+
+    /// [`write_step`](Dialect::write_step) on a pooled connection of its own.
+    fn write_step_pooled<'a>(
         &'a self,
         key: &'a Key,
         owner: Owner,
@@ -349,7 +361,7 @@ macro_rules! pooled_methods {
             Box::pin(self.pool.close())
         }
 
-        fn write_step<'a>(
+        fn write_step_pooled<'a>(
             &'a self,
             key: &'a Key,
             owner: Owner,

@@ -179,7 +179,7 @@ impl JournalStore for SqlStore {
                 ttl,
             };
             let written = self
-                .bounded(self.dialect.write_step(key, owner, &step))
+                .bounded(self.dialect.write_step(self, key, owner, &step))
                 .await?;
             if written {
                 self.journaled.note(key);

@@ -36,7 +36,7 @@ mod recovery;
 mod toolbox;
 
 use self::claims::{Claim, Claims, claim};
-use self::journal::{drop_dead_steps, read_steps};
+use self::journal::{StepWrite, StepWrites, drop_dead_steps, read_steps};
 use self::records::{
     Completion, Completions, complete, count, forget, inspect, issue, purge, release, renew,
 };
@@ -95,7 +95,8 @@ pub(super) async fn migrate(pool: &PgPool) -> Result<(), Error> {
 }
 
 /// The [`Dialect`](super::dialect::Dialect) of PostgreSQL: the statements above, on one
-/// pool; claims and completions batched when the store is busy (the `batch` module).
+/// pool; claims, completions and step writes batched when the store is busy (the `batch`
+/// module).
 pub(super) struct PgDialect {
     pub(super) pool: PgPool,
 }
@@ -200,6 +201,31 @@ impl super::dialect::Dialect for PgDialect {
         Box::pin(issue(&self.pool, key, ttl))
     }
 
+    fn write_step<'a>(
+        &'a self,
+        store: &'a super::SqlStore,
+        key: &'a Key,
+        owner: Owner,
+        step: &'a super::journal::Step<'a>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let batcher = &store.batches.steps;
+            if let Some(mut c) = batcher.alone(&self.pool) {
+                return self.write_step_on(&mut c, false, key, owner, step).await;
+            }
+            let item = StepWrite::new(key, owner, step);
+            match batcher.submit(&self.pool, store.timeout, item).await {
+                // Its batch waited out a row lock (or deadlocked) on some record and
+                // was rolled back: this write runs alone, waiting as it would unbatched.
+                Err(e) if super::batch::rolled_back_for_a_row(&e) => {
+                    let mut c = self.pool.acquire().await.map_err(Error::store)?;
+                    self.write_step_on(&mut c, false, key, owner, step).await
+                }
+                written => written,
+            }
+        })
+    }
+
     fn claim_in<'a>(
         &'a self,
         conn: crate::store::TxConnection<'a>,
@@ -241,6 +267,7 @@ pub(super) struct PgBatches {
     pub(super) claims: Arc<super::batch::Batcher<Claims>>,
     pub(super) async_claims: Arc<super::batch::Batcher<Claims>>,
     pub(super) completions: Arc<super::batch::Batcher<Completions>>,
+    pub(super) steps: Arc<super::batch::Batcher<StepWrites>>,
     /// Keys whose claim found the row locked by an open transaction (a transactional-mode
     /// twin), and when. Their claims stay out of batches for [`HELD_ALONE`], so one
     /// long-held key does not stall batch after batch of other keys.
@@ -280,6 +307,7 @@ impl Default for PgBatches {
             })),
             async_claims: Arc::new(super::batch::Batcher::new(Claims { async_commit: true })),
             completions: Arc::new(super::batch::Batcher::new(Completions)),
+            steps: Arc::new(super::batch::Batcher::new(StepWrites)),
             held: Mutex::default(),
         }
     }
