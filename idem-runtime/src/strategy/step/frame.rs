@@ -69,7 +69,7 @@ struct StepState {
     /// What this call knows of its record's journal, by step name: the entries its claim
     /// returned, then what its own steps wrote. Kept for the whole call, so a step tried
     /// again within the call replays its value or asks `verify` for its intent.
-    known: Vec<(Box<str>, Journaled)>,
+    known: Vec<(Arc<str>, Journaled)>,
     /// Steps of this call that are running or finished: a second use of a name is
     /// `StepReused` (loops name their steps).
     used: Vec<Used>,
@@ -80,7 +80,9 @@ struct StepState {
 }
 
 struct Used {
-    name: Box<str>,
+    /// Shared with the step's [`StepStart`], its `StepCtx` and what the call knows of
+    /// it: one allocation per step.
+    name: Arc<str>,
     id: u32,
     /// The step this one ran inside, if any.
     parent: Option<u32>,
@@ -105,7 +107,7 @@ impl StepFrame {
                             Some(v) => Journaled::Done(v),
                             None => Journaled::Intent,
                         };
-                        (e.name.into_boxed_str(), j)
+                        (Arc::from(e.name), j)
                     })
                     .collect(),
                 ..StepState::default()
@@ -163,6 +165,8 @@ pub(crate) struct StepStart {
     pub(crate) journaled: Journaled,
     /// The step's id in its call.
     pub(crate) id: u32,
+    /// The step's name.
+    pub(crate) name: Arc<str>,
 }
 
 /// `body`, run with `steps` as the step frame of its task (`None`: steps are refused).
@@ -206,8 +210,9 @@ pub(crate) fn start(name: &str) -> Result<StepStart, Error> {
             .try_with(|&(owner, id)| (owner == steps.owner).then_some(id))
             .ok()
             .flatten();
+        let name: Arc<str> = name.into();
         state.used.push(Used {
-            name: name.into(),
+            name: name.clone(),
             id,
             parent,
         });
@@ -224,6 +229,7 @@ pub(crate) fn start(name: &str) -> Result<StepStart, Error> {
             function: steps.function,
             journaled,
             id,
+            name,
         })
     })
     .unwrap_or_else(|| Err(outside()))
@@ -241,13 +247,13 @@ pub(crate) async fn within<F: Future>(start: &StepStart, fut: F) -> F::Output {
 
 /// What this call now knows of step `name`'s entry (its value, or an intent), whether
 /// or not the write reaches the store: a step tried again within the call uses it.
-pub(crate) fn remember(name: &str, journaled: Journaled) {
+pub(crate) fn remember(name: &Arc<str>, journaled: Journaled) {
     in_frame(|_, steps| {
         let mut state = steps.state.borrow_mut();
         let state = state.get_or_insert_with(Box::default);
-        match state.known.iter_mut().find(|(n, _)| **n == *name) {
+        match state.known.iter_mut().find(|(n, _)| **n == **name) {
             Some((_, j)) => *j = journaled,
-            None => state.known.push((name.into(), journaled)),
+            None => state.known.push((name.clone(), journaled)),
         }
     });
 }

@@ -48,7 +48,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -68,7 +68,7 @@ pub(crate) mod frame;
 #[derive(Clone)]
 pub struct StepCtx {
     record: Key,
-    name: String,
+    name: Arc<str>,
     /// The downstream key, derived on the first [`key`](Self::key): most steps never
     /// ask for it, and deriving it costs a few thousand instructions.
     key: OnceLock<String>,
@@ -89,10 +89,10 @@ impl PartialEq for StepCtx {
 impl Eq for StepCtx {}
 
 impl StepCtx {
-    fn new(record: Key, name: &str) -> Self {
+    fn new(record: Key, name: Arc<str>) -> Self {
         StepCtx {
             record,
-            name: name.to_owned(),
+            name,
             key: OnceLock::new(),
         }
     }
@@ -294,7 +294,7 @@ where
     if start.store.journal().is_none() {
         return Err(Error::Unsupported("durable steps (a step journal)").into());
     }
-    let ctx = || StepCtx::new(key, name);
+    let ctx = || StepCtx::new(key, start.name.clone());
     match (&start.journaled, verify) {
         (Journaled::Done(bytes), _) => {
             let value = decode_step::<T>(&key, bytes).map_err(|e| named(e, name))?;
@@ -316,7 +316,7 @@ where
             // later try could not know to ask `verify`.
             frame::check_owned()?;
             match write(&start, name, None).await {
-                Ok(true) => frame::remember(name, Journaled::Intent),
+                Ok(true) => frame::remember(&start.name, Journaled::Intent),
                 Ok(false) => {
                     frame::claim_lost();
                     return Err(Error::LeaseLost { key }.into());
@@ -393,7 +393,7 @@ async fn journal<T: Serialize + DeserializeOwned>(
     value: &T,
 ) -> Result<Written, Error> {
     let bytes = sealed(&start.key, name, value)?;
-    frame::remember(name, Journaled::Done(bytes.clone()));
+    frame::remember(&start.name, Journaled::Done(bytes.clone()));
     let done = write(start, name, Some(bytes)).await;
     Ok(written(start.key, name, start.function, done, true))
 }
@@ -447,8 +447,8 @@ async fn write(start: &StepStart, name: &str, value: Option<Bytes>) -> Result<bo
             .await;
     }
     let permit = frame::write_permit();
-    // One copy of the name, for the write and for its report after a drop.
-    let step: std::sync::Arc<str> = name.into();
+    // The step's one copy of its name, for the write and for its report after a drop.
+    let step = start.name.clone();
     let (store, key, owner, ttl, sending) = (
         start.store.clone(),
         start.key,
@@ -556,7 +556,7 @@ where
         ))
         .into());
     };
-    let ctx = StepCtx::new(key, name);
+    let ctx = StepCtx::new(key, start.name.clone());
     // An `Err`, or a panic, drops the transaction: rolled back.
     let value = frame::within(&start, f(ctx, &mut tx)).await?;
     let bytes = sealed(&key, name, &value)?;
@@ -570,7 +570,7 @@ where
         return Err(Error::LeaseLost { key }.into());
     }
     tx.commit().await.map_err(Error::store)?;
-    frame::remember(name, Journaled::Done(bytes));
+    frame::remember(&start.name, Journaled::Done(bytes));
     Ok((value, StepOutcome::Ran))
 }
 
@@ -595,10 +595,10 @@ mod tests {
     #[test]
     fn downstream_keys_are_pinned() {
         let key = Key::from_parts("shop", "shop::checkout", [7; 16]);
-        let ctx = StepCtx::new(key, "charge");
+        let ctx = StepCtx::new(key, "charge".into());
         assert_eq!(ctx.key(), "idem-486d480c43b1b01c0e3d5e657a3b2290");
         assert_eq!(ctx.key(), step_key(&key, "charge"));
-        assert_ne!(StepCtx::new(key, "mail").key(), ctx.key());
-        assert_eq!(StepCtx::new(key, "charge"), ctx);
+        assert_ne!(StepCtx::new(key, "mail".into()).key(), ctx.key());
+        assert_eq!(StepCtx::new(key, "charge".into()), ctx);
     }
 }
