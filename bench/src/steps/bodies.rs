@@ -36,6 +36,7 @@ async fn raw_body(raw: &Raw, key: &Key, n: u64) -> Result<Receipt, BenchError> {
         last = receipt(n + i as u64);
         raw.write(key, name, &last).await?;
     }
+    raw.done(key);
     Ok(last)
 }
 

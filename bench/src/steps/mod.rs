@@ -12,7 +12,10 @@
 //!   and as the journal would, through the store's own connections:
 //!   - memory: an entry (name, serialized value, time) in an in-process map sharded and
 //!     keyed like MemoryStore's journals (by the record's digest), under a `std` mutex
-//!     (MemoryStore's journals cannot be written from outside);
+//!     (MemoryStore's journals cannot be written from outside); the body drops the
+//!     record's entries at its end, as MemoryStore's completion drops a journal (on
+//!     Redis and PostgreSQL idem's completion deletes the raw entries itself, within
+//!     the timed call);
 //!   - Redis: `HSET <record>:steps <name> <entry>` through `RedisStore::command`: the
 //!     journal's own hash and entry bytes (kind, 15 digits of milliseconds, value), one
 //!     command and one round trip; the completion deletes the hash (idem's completion

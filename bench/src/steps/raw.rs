@@ -102,6 +102,16 @@ impl Raw {
         }
     }
 
+    /// At the end of a raw body, timed: the in-process entries of `key` are dropped, as
+    /// MemoryStore's completion drops a journal. On Redis and PostgreSQL idem's completion
+    /// already deletes the raw entries (the journal's hash, the rows up to the counter)
+    /// within the timed call, so there is nothing left to do.
+    pub(super) fn done(&self, key: &Key) {
+        if let Raw::Memory(map) = self {
+            map.remove(key);
+        }
+    }
+
     /// Between slices, unmeasured: the in-process map is emptied, so a long run does not
     /// grow it without bound (MemoryStore's journals are dropped as their calls complete).
     pub(super) fn tidy(&self) {
@@ -134,10 +144,16 @@ impl RawMap {
         }
     }
 
-    fn write(&self, key: &Key, name: &str, value: Bytes) {
+    /// The shard of `key`'s record, locked (chosen as MemoryStore chooses it).
+    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, RawShard> {
         let d = key.digest();
         let shard = &self.shards[usize::from(u16::from_le_bytes([d[14], d[15]])) % SHARDS];
-        let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        shard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, key: &Key, name: &str, value: Bytes) {
+        let d = key.digest();
+        let mut shard = self.shard(key);
         let entry = JournalEntry::new(name, Some(value), SystemTime::now());
         let expires_at = Instant::now() + TTL;
         let slot = shard.entry(*d).or_insert_with(|| {
@@ -151,6 +167,10 @@ impl RawMap {
             Some(e) => *e = entry,
             None => slot.entries.push(entry),
         }
+    }
+
+    fn remove(&self, key: &Key) {
+        self.shard(key).remove(key.digest());
     }
 
     fn clear(&self) {
