@@ -14,11 +14,13 @@
 //! | complete, release, renew | 1 `UPDATE … WHERE owner = ?` | 1 | 1 | 1 |
 //!
 //! On PostgreSQL, when the store is busy (calls of this process queueing for
-//! connections), concurrent dedup and lock claims, and concurrent completions, are sent
-//! together: one statement, one round trip and one commit for a batch of keys, each still
-//! decided on its own by the same conditions (the `batch` module). A new key then costs
-//! a fraction of two commits instead of two whole ones; an idle store runs each call
-//! alone, as in the table.
+//! connections), concurrent dedup and lock claims, concurrent completions, and
+//! concurrent durable step writes are sent together, each kind in its own batches: one
+//! statement, one round trip and one commit for a batch of keys, each still decided on
+//! its own by the same conditions (the `batch` module). A new key then costs a fraction
+//! of two commits instead of two whole ones, and a step a fraction of one; an idle store
+//! runs each call alone, as in the table. Transactional steps (`step_tx`) commit in the
+//! caller's transaction and are never batched.
 //!
 //! Lock fences are `max(previous + 1, the database clock in µs)`: strictly increasing
 //! per key while the row exists (a released lock keeps its row for an hour), and still
