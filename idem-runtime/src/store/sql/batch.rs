@@ -306,6 +306,14 @@ async fn run<J: Job>(
     }
 }
 
+/// Per call of a batch, in order: whether its record's id is among the ids the statement
+/// answered (a statement that answers the records it changed: completions, step writes).
+pub(super) fn changed(ids: &[[u8; 16]], answered: &[Vec<u8>]) -> Vec<bool> {
+    ids.iter()
+        .map(|id| answered.iter().any(|a| a[..] == id[..]))
+        .collect()
+}
+
 fn answer<A>(replies: Vec<oneshot::Sender<Result<A, Error>>>, result: Result<Vec<A>, Error>) {
     match result {
         Ok(answers) => {

@@ -6,7 +6,7 @@
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool};
 
-use super::super::batch::Job;
+use super::super::batch::{Job, changed};
 use super::super::journal::{Step, StepRow};
 use super::{BoxFuture, PgDialect, owner_bytes, sql_err, us};
 use crate::store::Owner;
@@ -139,10 +139,7 @@ impl Job for StepWrites {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(|e| sql_err(None, e))?;
-            Ok(ids
-                .iter()
-                .map(|id| written.iter().any(|w| w[..] == id[..]))
-                .collect())
+            Ok(changed(&ids, &written))
         })
     }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool};
 
-use super::super::batch::Job;
+use super::super::batch::{Job, changed};
 use super::super::inspection::Inspected;
 use super::{BoxFuture, KIND_TOKEN, LOCK_RETENTION, owner_bytes, sql_err, us};
 use crate::store::Owner;
@@ -122,10 +122,7 @@ impl Job for Completions {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(|e| sql_err(None, e))?;
-            Ok(ids
-                .iter()
-                .map(|id| done.iter().any(|d| d[..] == id[..]))
-                .collect())
+            Ok(changed(&ids, &done))
         })
     }
 }
