@@ -177,15 +177,15 @@ async fn batched_calls_answer_each_key() {
     }
 }
 
-/// Completions sent together are decided per record: the owner's complete, a stranger's
-/// does not, whatever else is in the batch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn batched_completions_check_each_owner() {
-    let s = Arc::new(small_store(2).await);
-    let idem = idem_for(&s, &unique("batch-owner"));
-    let lease = Duration::from_secs(60);
+/// `n` new keys of `idem`, each claimed through `s` by an owner of its own, with `lease`.
+async fn claimed(
+    s: &SqlStore,
+    idem: &Idem,
+    n: u32,
+    lease: Duration,
+) -> Vec<(idem_runtime::Key, Owner)> {
     let mut keys = Vec::new();
-    for i in 0..60u32 {
+    for i in 0..n {
         let key = idem.key(&DEDUP, format_args!("k{i}"));
         let owner = Owner::next();
         let req = ClaimRequest::new(ClaimKind::Dedup, owner, lease);
@@ -195,6 +195,17 @@ async fn batched_completions_check_each_owner() {
         ));
         keys.push((key, owner));
     }
+    keys
+}
+
+/// Completions sent together are decided per record: the owner's complete, a stranger's
+/// does not, whatever else is in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_completions_check_each_owner() {
+    let s = Arc::new(small_store(2).await);
+    let idem = idem_for(&s, &unique("batch-owner"));
+    let lease = Duration::from_secs(60);
+    let keys = claimed(&s, &idem, 60, lease).await;
     let mut tasks = Vec::new();
     for (i, (key, owner)) in keys.iter().copied().enumerate() {
         let s = s.clone();
@@ -276,17 +287,7 @@ async fn batched_step_writes_check_each_owner() {
     let s = Arc::new(small_store(2).await);
     let idem = idem_for(&s, &unique("batch-steps"));
     let lease = Duration::from_secs(60);
-    let mut keys = Vec::new();
-    for i in 0..60u32 {
-        let key = idem.key(&DEDUP, format_args!("k{i}"));
-        let owner = Owner::next();
-        let req = ClaimRequest::new(ClaimKind::Dedup, owner, lease);
-        assert!(matches!(
-            s.claim(&key, &req).await.unwrap(),
-            ClaimOutcome::Claimed { .. }
-        ));
-        keys.push((key, owner));
-    }
+    let keys = claimed(&s, &idem, 60, lease).await;
     // Key 7's row is locked by a transaction of another connection until the rest are
     // journaled.
     let admin = admin().await;
