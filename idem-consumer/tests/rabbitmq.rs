@@ -55,13 +55,30 @@ async fn rabbit() -> Rabbit {
     Rabbit { conn, queue, dead }
 }
 
+/// One consumer's own connection, as a separate process would have. A consumer that
+/// goes away closes it, which hands its unacked deliveries back to the queue and cannot
+/// disturb the connection the next consumer uses.
+struct Link {
+    conn: Connection,
+    ch: Channel,
+}
+
+impl Link {
+    async fn close(&self) {
+        let _ = self.conn.close(200, "".into()).await;
+    }
+}
+
 impl Rabbit {
-    async fn source(&self) -> (Channel, RabbitSource) {
-        let ch = self.conn.create_channel().await.expect("channel");
+    async fn source(&self) -> (Link, RabbitSource) {
+        let conn = Connection::connect(AMQP, ConnectionProperties::default())
+            .await
+            .expect("connect");
+        let ch = conn.create_channel().await.expect("channel");
         let src = RabbitSource::new(&ch, &self.queue, 32)
             .await
             .expect("consume");
-        (ch, src)
+        (Link { conn, ch }, src)
     }
 
     async fn publish(&self, id: Option<&str>, body: &str) {
@@ -144,7 +161,7 @@ async fn one_message_id_published_twice_runs_once() {
     let effects = Effects::default();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let consumer = recording(idem_on(&store, &unique("ns")), &effects);
-    let (_ch, src) = r.source().await;
+    let (_link, src) = r.source().await;
     let run = spawn(&consumer, src);
     eventually(20, "three deliveries settled", || {
         let c = consumer.counters();
@@ -172,8 +189,8 @@ async fn two_competing_consumers_on_one_queue_run_each_message_once() {
     let ns = unique("ns");
     let a = recording(idem_on(&store, &ns), &effects);
     let b = recording(idem_on(&store, &ns), &effects);
-    let (_cha, sa) = r.source().await;
-    let (_chb, sb) = r.source().await;
+    let (_a, sa) = r.source().await;
+    let (_b, sb) = r.source().await;
     let (ra, rb) = (spawn(&a, sa), spawn(&b, sb));
     two_consumers_split_300_ids((&a, ra), (&b, rb), &effects).await;
     r.delete().await;
@@ -193,14 +210,14 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_counted_across_res
     };
     // Its second failure is nak'ed for 2 s: time enough to stop it before a third.
     let first = failing(1000);
-    let (ch, src) = r.source().await;
+    let (link, src) = r.source().await;
     let run = spawn(&first, src);
     eventually(20, "two failures", || first.counters().handler_errors >= 2).await;
     let c1 = run.stop().await;
-    let _ = ch.close(200, "".into()).await; // its prefetched deliveries go back to the queue
+    link.close().await; // its prefetched deliveries go back to the queue
     assert_eq!((c1.handler_errors, c1.poison), (2, 0), "{c1:?}");
     let second = failing(10);
-    let (_ch, src) = r.source().await;
+    let (_link, src) = r.source().await;
     let run = spawn(&second, src);
     eventually(20, "dead-lettered", || second.counters().poison == 1).await;
     let c2 = run.stop().await;
@@ -221,7 +238,7 @@ async fn a_message_without_an_id_is_dead_lettered() {
     let effects = Effects::default();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let consumer = recording(idem_on(&store, &unique("ns")), &effects);
-    let (_ch, src) = r.source().await;
+    let (_link, src) = r.source().await;
     let run = spawn(&consumer, src);
     eventually(20, "dead-lettered", || consumer.counters().poison == 1).await;
     let c = run.stop().await;
@@ -238,11 +255,11 @@ async fn the_channel_closed_after_the_effect_the_redelivery_is_acked_without_run
     let effects = Effects::default();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ns = unique("ns");
-    let (ch, src) = r.source().await;
+    let (link, src) = r.source().await;
     // The first consumer's handler does the effect, then its channel goes away before
     // the ack can be sent.
     let e = effects.clone();
-    let cut = ch.clone();
+    let cut = link.ch.clone();
     let first =
         Consumer::builder(idem_on(&store, &ns), CREDIT.clone()).handler(move |msg: Message| {
             let (e, cut) = (e.clone(), cut.clone());
@@ -255,10 +272,11 @@ async fn the_channel_closed_after_the_effect_the_redelivery_is_acked_without_run
     let run = spawn(&first, src);
     eventually(20, "the ack failed", || first.counters().ack_failures == 1).await;
     let c1 = run.stop().await; // the closed channel ended the subscription
+    link.close().await;
     assert_eq!((c1.processed, c1.ack_failures), (0, 1), "{c1:?}");
     // The broker requeued it; the next consumer acks the replay.
     let second = recording(idem_on(&store, &ns), &effects);
-    let (_ch, src) = r.source().await;
+    let (_link, src) = r.source().await;
     let run = spawn(&second, src);
     eventually(20, "the redelivery acked", || {
         second.counters().duplicates == 1
