@@ -12,7 +12,8 @@
 //!    primary's demotion, which comes after the network heals: its writes until then
 //!    are dropped when it rejoins as a replica).
 //!    A paused worker's own late effect (`pause::late`: landed between its stop and
-//!    shortly after its resume) is the documented window of plain dedup, counted.
+//!    shortly after its resume), or a cut worker's (`cut_holder`: its call was in
+//!    flight at the cut), is the documented window of plain dedup, counted.
 //! 2. Two runs of a key with no completion between them are what the failure model
 //!    allows after a crash or a store fault in flight: the first run's worker was killed
 //!    or cut from the store between a second before its start and the second start, or
@@ -22,7 +23,9 @@
 //!    (`pause::explains`) or a completion of it the store refused (`lost <key>`, a lost
 //!    lease, counted: `pause::lost_lease_explains`) explains it too; the workers' own
 //!    events (`pause`, `resume`, `lost <key>`) are not store faults and explain nothing
-//!    else. Otherwise it is a violation (two runs with nothing to explain them).
+//!    else. Either run may be the faulted holder's: a holder's body runs on past its
+//!    lease, so its effect can land after the takeover's. Otherwise it is a violation
+//!    (two runs with nothing to explain them).
 //! 3. A worker cut from the store answers nothing but `Error::Store` for a call made
 //!    wholly within the cut, and runs no body for a call it started during the cut (no
 //!    body runs without a claim). Every effect names the claim (owner) it ran under, and
@@ -206,8 +209,8 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
         for (i, r) in runs.iter().enumerate() {
             // Rule 1: the earliest completion reported before this run started.
             if let Some(&done) = seen.iter().find(|&&s| s < r.at) {
-                // A paused worker's body that woke after its key was taken over.
-                if super::pause::late(&c.events, r) {
+                // A paused or cut worker's body that ran on after its key was taken over.
+                if super::pause::late(&c.events, r) || cut_holder(&c.events, &c.calls, r) {
                     repeated = true;
                     continue;
                 }
@@ -391,26 +394,43 @@ fn explained(events: &[Event], calls: &[Call], prev: &Run, next: &Run) -> bool {
     // only after the heal, well past its lease, and its body then runs. Without the
     // call, within a lease (1 s at most here) before the run's effect.
     let lease_before = prev.at - 1_000_000;
-    let in_flight_from = calls
+    let prev_from = in_flight_from(calls, prev);
+    cut_holder(events, calls, next)
+        || events.iter().any(|e| match e.kind.as_str() {
+            "kill" => e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at,
+            "partition" => {
+                e.incarnation == prev.incarnation && prev_from <= e.at && e.at <= next.at
+            }
+            // The ends of faults explain nothing.
+            "heal" | "healed" | "promoted" | "rejoined" => false,
+            // A worker's pause or lost lease, not a store fault: see `pause`.
+            kind if super::pause::is_worker_event(kind) => false,
+            _ => lease_before <= e.at && e.at <= next.at,
+        })
+}
+
+/// Whether `r` is a cut holder's effect: its worker was cut from the store while `r`'s
+/// call was in flight, before the effect. Its lease may have run out during the cut and
+/// its body runs on after the heal (plain dedup has no fence), so its effect may land
+/// after the one, or even the reported completion, of the worker that took the key
+/// over (failure model: a holder past its lease).
+fn cut_holder(events: &[Event], calls: &[Call], r: &Run) -> bool {
+    let from = in_flight_from(calls, r);
+    events.iter().any(|e| {
+        e.kind == "partition" && e.incarnation == r.incarnation && from <= e.at && e.at <= r.at
+    })
+}
+
+/// From when `r` counts as in flight: the start of its call, when the history has it,
+/// and a lease (1 s at most here) before its effect in any case.
+fn in_flight_from(calls: &[Call], r: &Run) -> i64 {
+    let lease_before = r.at - 1_000_000;
+    calls
         .iter()
         .find(|c| {
-            c.incarnation == prev.incarnation
-                && c.key == prev.key
-                && c.start <= prev.at
-                && prev.at <= c.end
+            c.incarnation == r.incarnation && c.key == r.key && c.start <= r.at && r.at <= c.end
         })
-        .map_or(lease_before, |c| c.start.min(lease_before));
-    events.iter().any(|e| match e.kind.as_str() {
-        "kill" => e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at,
-        "partition" => {
-            e.incarnation == prev.incarnation && in_flight_from <= e.at && e.at <= next.at
-        }
-        // The ends of faults explain nothing.
-        "heal" | "healed" | "promoted" | "rejoined" => false,
-        // A worker's pause or lost lease, not a store fault: see `pause`.
-        kind if super::pause::is_worker_event(kind) => false,
-        _ => lease_before <= e.at && e.at <= next.at,
-    })
+        .map_or(lease_before, |c| c.start.min(lease_before))
 }
 
 #[cfg(test)]
@@ -500,6 +520,48 @@ mod tests {
             ..in_flight
         };
         assert_eq!(check(&made_after_the_cut, false).violations.len(), 1);
+    }
+
+    /// From a CI run (Redis, every silent fault at once): worker 11 claimed key 994,
+    /// was cut while its call was in flight and for longer than its lease; worker 12
+    /// took the key over and paid, then 11's body, running on after the heal, paid
+    /// too, and the store refused 11's completion. The later effect is the cut holder's.
+    #[test]
+    fn a_cut_holder_whose_effect_lands_after_the_takeover_is_explained() {
+        let with = |events: Vec<Event>| Contents {
+            runs: vec![run(994, 12, 18_070_000), run(994, 11, 18_110_000)],
+            seen: vec![],
+            events,
+            calls: vec![
+                call(11, 994, 16_350_000, 18_230_000, "ran-lost"),
+                call(12, 994, 17_900_000, 18_100_000, "ran"),
+            ],
+        };
+        let cut = with(vec![
+            ev("partition", 11, 16_590_000),
+            ev("heal", 11, 17_300_000),
+        ]);
+        assert!(check(&cut, false).violations.is_empty());
+        // Cut only after its effect: nothing explains the double.
+        let cut_after = with(vec![
+            ev("partition", 11, 18_200_000),
+            ev("heal", 11, 18_300_000),
+        ]);
+        assert_eq!(check(&cut_after, false).violations.len(), 1);
+        // The refused completion alone explains it too (a visible double).
+        let lost = with(vec![ev(&crate::ledger::lost_event(994), 11, 18_230_000)]);
+        assert!(check(&lost, false).violations.is_empty());
+        // Landing even after worker 12 reported the key completed.
+        let reported = Contents {
+            seen: vec![(994, 18_100_000)],
+            ..with(vec![
+                ev("partition", 11, 16_590_000),
+                ev("heal", 11, 17_300_000),
+            ])
+        };
+        let v = check(&reported, false);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.explained, 1);
     }
 
     #[test]

@@ -98,15 +98,19 @@ pub(crate) fn is_worker_event(kind: &str) -> bool {
     kind == "pause" || kind == "resume" || kind.starts_with("lost ")
 }
 
-/// Whether `next` running after `prev` is a visible double: `prev`'s worker reported,
-/// after `prev` started, that the store refused its completion of that key (lease lost,
-/// counted in `idem_lease_lost_total`).
+/// Whether `next` running after `prev` is a visible double: the worker of either run
+/// reported, after its run, that the store refused its completion of that key (lease
+/// lost, counted in `idem_lease_lost_total`). The refused one may be the later effect:
+/// a holder whose lease ran out runs its body on, after the key was taken over.
 pub(crate) fn lost_lease_explains(events: &[Event], prev: &Run, next: &Run) -> bool {
     let kind = lost_event(u64::try_from(prev.key).unwrap_or(u64::MAX));
     debug_assert_eq!(prev.key, next.key);
-    events
-        .iter()
-        .any(|e| e.kind == kind && e.incarnation == prev.incarnation && e.at >= prev.at)
+    events.iter().any(|e| {
+        e.kind == kind
+            && [prev, next]
+                .iter()
+                .any(|r| e.incarnation == r.incarnation && e.at >= r.at)
+    })
 }
 
 /// Keys that ran more than once where every extra run follows a lost lease of the run
