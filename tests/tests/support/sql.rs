@@ -76,12 +76,24 @@ macro_rules! sql_store_tests {
             })
         }
 
+        /// A statement of the test's own (a table made or dropped). On SQLite the tests
+        /// share one file, and a schema change can be refused at once ("database is
+        /// locked") while other tests' transactions hold it: try again, a bounded while.
         async fn exec(store: &SqlStore, sql: String) -> u64 {
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(store.$pool().expect("pool"))
-                .await
-                .expect("test SQL")
-                .rows_affected()
+            let mut attempt = 0;
+            loop {
+                match sqlx::query(AssertSqlSafe(sql.clone()))
+                    .execute(store.$pool().expect("pool"))
+                    .await
+                {
+                    Ok(done) => return done.rows_affected(),
+                    Err(e) if attempt < 50 && e.to_string().contains("database is locked") => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("test SQL: {e}"),
+                }
+            }
         }
 
         async fn count(store: &SqlStore, sql: String) -> i64 {
