@@ -387,22 +387,20 @@ fn in_split(events: &[Event], at: i64) -> bool {
     })
 }
 
+/// The longest lease of a chaos run (µs): 1 s, the netem run's.
+const LEASE_US: i64 = 1_000_000;
+
 fn explained(events: &[Event], calls: &[Call], prev: &Run, next: &Run) -> bool {
     // A cut explains a run that was in flight at it (failure model: "the keys in flight
-    // at the cut ... run again after their lease"). In flight means from the start of
-    // its call, when the history has it: a claim sent before the cut can be answered
-    // only after the heal, well past its lease, and its body then runs. Without the
-    // call, within a lease (1 s at most here) before the run's effect.
-    let lease_before = prev.at - 1_000_000;
-    let prev_from = in_flight_from(calls, prev);
-    cut_holder(events, calls, next)
+    // at the cut ... run again after their lease"), up to the next run; and the next run
+    // itself when it is a cut holder's (see `cut_holder`).
+    let lease_before = prev.at - LEASE_US;
+    cut_in_flight(events, calls, prev, next.at)
+        || cut_holder(events, calls, next)
         || events.iter().any(|e| match e.kind.as_str() {
             "kill" => e.incarnation == prev.incarnation && prev.at <= e.at && e.at <= next.at,
-            "partition" => {
-                e.incarnation == prev.incarnation && prev_from <= e.at && e.at <= next.at
-            }
-            // The ends of faults explain nothing.
-            "heal" | "healed" | "promoted" | "rejoined" => false,
+            // Cuts are `cut_in_flight`'s; the ends of faults explain nothing.
+            "partition" | "heal" | "healed" | "promoted" | "rejoined" => false,
             // A worker's pause or lost lease, not a store fault: see `pause`.
             kind if super::pause::is_worker_event(kind) => false,
             _ => lease_before <= e.at && e.at <= next.at,
@@ -415,22 +413,24 @@ fn explained(events: &[Event], calls: &[Call], prev: &Run, next: &Run) -> bool {
 /// after the one, or even the reported completion, of the worker that took the key
 /// over (failure model: a holder past its lease).
 fn cut_holder(events: &[Event], calls: &[Call], r: &Run) -> bool {
-    let from = in_flight_from(calls, r);
-    events.iter().any(|e| {
-        e.kind == "partition" && e.incarnation == r.incarnation && from <= e.at && e.at <= r.at
-    })
+    cut_in_flight(events, calls, r, r.at)
 }
 
-/// From when `r` counts as in flight: the start of its call, when the history has it,
-/// and a lease (1 s at most here) before its effect in any case.
-fn in_flight_from(calls: &[Call], r: &Run) -> i64 {
-    let lease_before = r.at - 1_000_000;
-    calls
+/// Whether `r`'s worker was cut from the store between the moment `r` counts as in
+/// flight and `until`. In flight means from the start of its call, when the history has
+/// it: a claim sent before the cut can be answered only after the heal, well past its
+/// lease, and its body then runs. Without the call, within a lease before the effect.
+fn cut_in_flight(events: &[Event], calls: &[Call], r: &Run, until: i64) -> bool {
+    let lease_before = r.at - LEASE_US;
+    let from = calls
         .iter()
         .find(|c| {
             c.incarnation == r.incarnation && c.key == r.key && c.start <= r.at && r.at <= c.end
         })
-        .map_or(lease_before, |c| c.start.min(lease_before))
+        .map_or(lease_before, |c| c.start.min(lease_before));
+    events.iter().any(|e| {
+        e.kind == "partition" && e.incarnation == r.incarnation && from <= e.at && e.at <= until
+    })
 }
 
 #[cfg(test)]
