@@ -180,6 +180,12 @@ fn counts(verdict: &Verdict) {
         "effects: {} for {} keys; {} keys ran more than once, each after a kill or store fault in flight",
         verdict.effects, verdict.keys, verdict.explained
     );
+    if verdict.unanswered_completions > 0 {
+        println!(
+            "completions unanswered: {} calls ran their body and got a store error from their completion (idem retried it in the background; the key is free again when the lease ends)",
+            verdict.unanswered_completions
+        );
+    }
     if !verdict.lost_in_failover.is_empty() {
         let max = verdict.lost_in_failover.iter().max().copied().unwrap_or(0);
         println!(
