@@ -341,9 +341,7 @@ fn check_cuts(c: &Contents, v: &mut Verdict) {
             .iter()
             .filter(|r| r.incarnation == e.incarnation && e.at <= r.at && r.at <= until)
         {
-            let call = calls
-                .iter()
-                .find(|x| x.key == r.key && x.start <= r.at && r.at <= x.end);
+            let call = calls.iter().find(|x| made(x, r));
             if call.is_some_and(|x| x.start >= e.at) {
                 v.violations.push(Violation::new(
                     r.key,
@@ -423,13 +421,15 @@ fn explained(events: &[Event], calls: &[Call], prev: &Run, next: &Run) -> bool {
 /// model: a holder past its lease). That call may have started after any fault event,
 /// since the link is slow for the whole run.
 fn unacknowledged(calls: &[Call], r: &Run) -> bool {
-    calls.iter().any(|c| {
-        c.incarnation == r.incarnation
-            && c.key == r.key
-            && c.start <= r.at
-            && r.at <= c.end
-            && c.outcome == "ran-unacked"
-    })
+    calls
+        .iter()
+        .any(|c| made(c, r) && c.outcome == "ran-unacked")
+}
+
+/// Whether `c` is the call that made `r`: its worker's call of that key, in flight when
+/// the effect was written.
+fn made(c: &Call, r: &Run) -> bool {
+    c.incarnation == r.incarnation && c.key == r.key && c.start <= r.at && r.at <= c.end
 }
 
 /// Whether `r` is a cut holder's effect: its worker was cut from the store while `r`'s
@@ -449,9 +449,7 @@ fn cut_in_flight(events: &[Event], calls: &[Call], r: &Run, until: i64) -> bool 
     let lease_before = r.at - LEASE_US;
     let from = calls
         .iter()
-        .find(|c| {
-            c.incarnation == r.incarnation && c.key == r.key && c.start <= r.at && r.at <= c.end
-        })
+        .find(|c| made(c, r))
         .map_or(lease_before, |c| c.start.min(lease_before));
     events.iter().any(|e| {
         e.kind == "partition" && e.incarnation == r.incarnation && from <= e.at && e.at <= until
