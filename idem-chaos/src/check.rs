@@ -457,4 +457,4 @@ fn cut_in_flight(events: &[Event], calls: &[Call], r: &Run, until: i64) -> bool 
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -186,24 +186,7 @@ pub(crate) fn summary(c: &Contents) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run(key: i64, incarnation: i32, at: i64) -> Run {
-        Run {
-            key,
-            incarnation,
-            at,
-            // A claim of its own.
-            owner: (key << 40) + at + 1,
-        }
-    }
-
-    fn ev(kind: &str, incarnation: i32, at: i64) -> Event {
-        Event {
-            kind: kind.into(),
-            incarnation,
-            at,
-        }
-    }
+    use crate::check::tests::{ev, run};
 
     const S: i64 = 1_000_000;
 

@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn run(key: i64, incarnation: i32, at: i64) -> Run {
+/// An effect of its own claim. (The pause rules' tests build theirs with it too.)
+pub(crate) fn run(key: i64, incarnation: i32, at: i64) -> Run {
     Run {
         key,
         incarnation,
@@ -22,7 +23,7 @@ fn call(incarnation: i32, key: i64, start: i64, end: i64, outcome: &str) -> Call
     }
 }
 
-fn ev(kind: &str, incarnation: i32, at: i64) -> Event {
+pub(crate) fn ev(kind: &str, incarnation: i32, at: i64) -> Event {
     Event {
         kind: kind.into(),
         incarnation,
