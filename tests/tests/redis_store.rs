@@ -130,10 +130,12 @@ async fn round_trips_per_step() {
 
     // A stepped body: its first step makes the record stepped (the lease deadline moves
     // into the record, the key lives as long as the journal: its expiry is set after the
-    // journal's); the completion drops the journal.
+    // journal's), its second finds the journal's expiry far enough and writes none; the
+    // completion drops the journal.
     let stepped = |fail: bool| {
         idem.dedup(&DEDUP, "stepped", async move {
             let a: u8 = idem_runtime::step("a", |_| async { Ok::<_, Error>(1) }).await?;
+            let _: u8 = idem_runtime::step("b", |_| async { Ok::<_, Error>(2) }).await?;
             if fail {
                 return Err(Error::Config("fails after its step".into()));
             }
@@ -145,9 +147,10 @@ async fn round_trips_per_step() {
     assert_eq!(
         seen(),
         (
-            s(&["set", "evalsha", "evalsha"]),
+            s(&["set", "evalsha", "evalsha", "evalsha"]),
             s(&[
-                "get", "pttl", "time", "del", "set", "hset", "pexpire", "pexpire", // the step
+                "get", "pttl", "time", "del", "set", "hset", "pexpire", "pexpire", // step 1
+                "get", "time", "pttl", "hset", // step 2
                 "get", "time", "set", // the release keeps the stepped record
             ])
         ),
@@ -601,6 +604,73 @@ async fn stepped_records_keep_their_journal_and_its_payload() {
         store.claim(&key, &ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(100))).await.unwrap(),
         ClaimOutcome::Completed { value, fingerprint } if value == Bytes::from_static(b"ok") && fingerprint == fa
     ));
+}
+
+/// A stepped journal lives at least its ttl after each step, by the server's clock, while
+/// only the step that finds less left writes an expiry: the first of a lease sets the
+/// journal's and the record's to the lease deadline plus the ttl, so a later step of the
+/// same lease writes none, and the first step after a renewal has carried the lease past
+/// that deadline sets them again from the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_step_keeps_the_journal_a_ttl_ahead() {
+    let url = harness::shared_url();
+    let store = RedisStore::connect(url).unwrap();
+    let idem = idem_on(store.clone(), "ttl-ahead");
+    let key = idem.key(&DEDUP, format_args!("s"));
+    let name = store.record_name(&key);
+    let steps = format!("{name}:steps");
+    let mut c = raw(url).await;
+    let journal = store.journal().unwrap();
+    let ttl = 60_000;
+    // The server's clock (ms) and the two keys' absolute deadlines.
+    let mut clock = async || -> (i64, i64, i64) {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+        let at = |k: &str| redis::cmd("PEXPIRETIME").arg(k).clone();
+        let rec: i64 = at(&name).query_async(&mut c).await.unwrap();
+        let jrn: i64 = at(&steps).query_async(&mut c).await.unwrap();
+        (s * 1000 + us / 1000, rec, jrn)
+    };
+    let a = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(2_000));
+    assert!(matches!(
+        store.claim(&key, &a).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let mut step = async |step: &str| {
+        let before = clock().await.0;
+        let value = Some(Bytes::from_static(b"\x01"));
+        assert!(
+            journal
+                .write_step(&key, a.owner, step, value, ms(ttl))
+                .await
+                .unwrap()
+        );
+        let (_, rec, jrn) = clock().await;
+        assert!(
+            jrn >= before + ttl as i64 && rec >= jrn,
+            "after {step:?} the journal lives its ttl and the record as long: {before} {jrn} {rec}"
+        );
+        (rec, jrn)
+    };
+    let first = step("charge").await;
+    assert_eq!(
+        step("reserve").await,
+        first,
+        "a later step of the lease writes no expiry"
+    );
+    // A renewal past the first lease's deadline: the next step sets them again.
+    assert!(store.renew(&key, a.owner, ms(30_000)).await.unwrap());
+    tokio::time::sleep(ms(2_100)).await;
+    let renewed = step("mail").await;
+    assert!(
+        renewed.1 > first.1,
+        "the journal's expiry follows the renewed lease"
+    );
+    assert!(
+        store
+            .complete(&key, a.owner, Bytes::from_static(b"v"), ms(1_000))
+            .await
+            .unwrap()
+    );
 }
 
 /// A journal left without its record (by an idem before stepped records) is never

@@ -21,8 +21,11 @@
 //! name: `d` (done) or `i` (an intent), when it was written (15 decimal digits, ms by the
 //! Redis clock), then the value. The field named by the single byte `0xFF` (never a step
 //! name: those are UTF-8) keeps the fingerprint of the last claim with one that wrote a
-//! step. The journal expires with the record's ttl after its last write, survives a
-//! release or an expired lease, and is dropped by a completion or a `forget`.
+//! step. The journal lives at least the ttl it is written with (the record's lease plus
+//! its ttl) after each write: a step that finds less left sets the journal's expiry, and
+//! the record's, to the lease deadline plus that ttl, so the later steps of the same
+//! lease write no expiry. It survives a release or an expired lease, and is dropped by a
+//! completion or a `forget`.
 //!
 //! A dedup claim's first step makes its record *stepped* (`d` becomes `s`): the lease
 //! moves into the record as a deadline, and the key lives at least as long as the
@@ -51,7 +54,8 @@
 //!   another payload, or reports corruption. So a new key costs that `SET` and a
 //!   completion, a replay one `SET`, a resumed body one more script.
 //! - Each durable step is one script: check the owner and the lease, write the entry
-//!   (the first step of a dedup claim also makes the record stepped).
+//!   (the first step of a dedup claim also makes the record stepped, and the first of
+//!   each lease sets the expiries).
 //! - Completion, release and renewal are small scripts: read the record, compare the
 //!   owner's bytes (and a kept lease deadline), then `SET … PX`, `DEL` or `PEXPIRE`
 //!   (a stepped record: `SET … KEEPTTL` on release, `PEXPIREAT … GT` on renewal), and

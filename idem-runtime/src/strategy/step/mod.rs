@@ -12,7 +12,8 @@
 //! its claim and replays those two steps from it, running only
 //! what is left. It is dropped when the call completes, when the key is forgotten, or
 //! the record's lease plus its ttl after the last step written (so a body slower than
-//! its ttl that then fails still leaves its journal). A journal belongs to the payload
+//! its ttl that then fails still leaves its journal; on Redis up to one lease later,
+//! since only the first step of each lease sets the expiry). A journal belongs to the payload
 //! whose effects it records: while it lives, a call with another fingerprint under the
 //! same key is refused with [`Error::PayloadMismatch`], and the original resumes.
 //!
