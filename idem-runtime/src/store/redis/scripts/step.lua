@@ -8,11 +8,11 @@
 -- deadline moves into the record, and the key lives as long as the journal, so a
 -- released or abandoned record still meets the next claim, which checks the payload.
 --
--- The journal lives at least `ttl` after each write. A write that finds less sets its
--- expiry, and the record's, to the lease deadline plus `ttl`: every later step within
--- that lease finds enough left and writes no expiry (two writes fewer per step; one
--- read instead). A renewal moves the deadline on; the first step past the old one sets
--- the expiry again.
+-- A write that finds less than `ttl` left of the journal sets its expiry, and the
+-- record's, to the lease deadline plus `ttl` (later than before, never earlier): every
+-- later step within that lease finds enough left and writes no expiry (two writes fewer
+-- per step; one read instead). A renewal moves the deadline on; the first step past the
+-- old one sets the expiry again.
 --
 -- KEYS[1] record; KEYS[2] its journal; ARGV[1] owner (16 bytes); ARGV[2] step name;
 -- ARGV[3] 'd' (done: ARGV[4] is the value) or 'i' (intent, no value); ARGV[5] ttl in ms.
