@@ -33,22 +33,25 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 static DEDUP: Options = Options::dedup("redis_store::dedup");
 static LOCK: Options = Options::lock("redis_store::lock");
 
+/// A key's absolute expiry deadline in ms by the server's clock (`PEXPIRETIME`): exact,
+/// where two `PTTL`s read one after the other are not.
+async fn expires_at(c: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
 /// Whether a stepped record outlives its journal after step `after`, by their absolute
-/// deadlines (`PEXPIRETIME`): exact, where two `PTTL`s read one after the other are not.
+/// deadlines.
 async fn record_outlives_journal(
     c: &mut redis::aio::MultiplexedConnection,
     record: &str,
     journal: &str,
     after: &str,
 ) {
-    let mut expires_at = async |key: &str| -> i64 {
-        redis::cmd("PEXPIRETIME")
-            .arg(key)
-            .query_async(&mut *c)
-            .await
-            .unwrap()
-    };
-    let (rec_at, steps_at) = (expires_at(record).await, expires_at(journal).await);
+    let (rec_at, steps_at) = (expires_at(c, record).await, expires_at(c, journal).await);
     let rec_ttl: i64 = c.pttl(record).await.unwrap();
     assert!(
         rec_ttl > 30_000 && rec_at >= steps_at && steps_at > 0,
@@ -625,9 +628,10 @@ async fn a_later_step_keeps_the_journal_a_ttl_ahead() {
     // The server's clock (ms) and the two keys' absolute deadlines.
     let mut clock = async || -> (i64, i64, i64) {
         let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
-        let at = |k: &str| redis::cmd("PEXPIRETIME").arg(k).clone();
-        let rec: i64 = at(&name).query_async(&mut c).await.unwrap();
-        let jrn: i64 = at(&steps).query_async(&mut c).await.unwrap();
+        let (rec, jrn) = (
+            expires_at(&mut c, &name).await,
+            expires_at(&mut c, &steps).await,
+        );
         (s * 1000 + us / 1000, rec, jrn)
     };
     let a = ClaimRequest::new(ClaimKind::Dedup, Owner::next(), ms(2_000));
@@ -635,19 +639,19 @@ async fn a_later_step_keeps_the_journal_a_ttl_ahead() {
         store.claim(&key, &a).await.unwrap(),
         ClaimOutcome::Claimed { .. }
     ));
-    let mut step = async |step: &str| {
+    let mut step = async |step_name: &str| {
         let before = clock().await.0;
         let value = Some(Bytes::from_static(b"\x01"));
         assert!(
             journal
-                .write_step(&key, a.owner, step, value, ms(ttl))
+                .write_step(&key, a.owner, step_name, value, ms(ttl))
                 .await
                 .unwrap()
         );
         let (_, rec, jrn) = clock().await;
         assert!(
             jrn >= before + ttl as i64 && rec >= jrn,
-            "after {step:?} the journal lives its ttl and the record as long: {before} {jrn} {rec}"
+            "after {step_name:?} the journal lives its ttl and the record as long: {before} {jrn} {rec}"
         );
         (rec, jrn)
     };
