@@ -109,6 +109,16 @@ pub(crate) enum StepOutcome {
     Unjournaled,
 }
 
+/// Every step outcome, in order.
+#[cfg(feature = "metrics")]
+const STEP_OUTCOMES: [StepOutcome; 5] = [
+    StepOutcome::Ran,
+    StepOutcome::Replayed,
+    StepOutcome::Verified,
+    StepOutcome::Failed,
+    StepOutcome::Unjournaled,
+];
+
 impl StepOutcome {
     fn as_str(self) -> &'static str {
         match self {
@@ -131,8 +141,7 @@ pub(crate) fn step_ended(_function: &'static str, outcome: StepOutcome) {
     ended_as(outcome.as_str());
     #[cfg(feature = "metrics")]
     if outcome != StepOutcome::Failed {
-        metrics::counter!(STEPS_TOTAL, "function" => _function, "outcome" => outcome.as_str())
-            .increment(1);
+        metrics_impl::step(_function, outcome);
     }
 }
 
@@ -374,7 +383,7 @@ pub(crate) mod metrics_impl {
 
     use metrics::{Key, Label, Level, Metadata};
 
-    use super::{CALLS_TOTAL, OUTCOMES, Op, Outcome, strategy_name};
+    use super::{CALLS_TOTAL, OUTCOMES, Op, Outcome, STEP_OUTCOMES, StepOutcome, strategy_name};
     use crate::Options;
     use crate::options::CallKeys;
     use crate::options::Strategy;
@@ -436,22 +445,67 @@ pub(crate) mod metrics_impl {
     }
 
     /// The keys of a dedup function known only by its key's scope (the in-process
-    /// replay has no options at hand). Scopes are `'static` strings, one per function,
-    /// so a small table indexed by the string's address finds them with one atomic load
-    /// and one comparison; a slot taken by another function falls back to the map.
+    /// replay has no options at hand).
     #[inline]
     pub(crate) fn keys_of_scope(scope: &'static str) -> &'static CallKeys {
         type Slot = OnceLock<(&'static str, &'static CallKeys)>;
         static SLOTS: [Slot; 64] = [const { OnceLock::new() }; 64];
-        let slot = &SLOTS[(scope.as_ptr() as usize >> 4) % SLOTS.len()];
+        slotted(&SLOTS, scope, |s| intern(s, Strategy::Dedup))
+    }
+
+    /// What `make` interned for `name`, found through a small table indexed by the
+    /// string's address: function names and scopes are `'static` strings, one per
+    /// function, so a lookup is one atomic load and one comparison; a slot taken by
+    /// another function falls back to `make` (which looks in its map).
+    #[inline]
+    fn slotted<T: 'static, const N: usize>(
+        slots: &'static [OnceLock<(&'static str, &'static T)>; N],
+        name: &'static str,
+        make: impl Fn(&'static str) -> &'static T,
+    ) -> &'static T {
+        let slot = &slots[(name.as_ptr() as usize >> 4) % N];
         match slot.get() {
-            Some((s, keys)) if std::ptr::eq(*s, scope) => keys,
-            Some(_) => intern(scope, Strategy::Dedup),
-            None => {
-                slot.get_or_init(|| (scope, intern(scope, Strategy::Dedup)))
-                    .1
-            }
+            Some((s, keys)) if std::ptr::eq(*s, name) => keys,
+            Some(_) => make(name),
+            None => slot.get_or_init(|| (name, make(name))).1,
         }
+    }
+
+    /// `idem_steps_total`'s keys of one function, one per step outcome (in
+    /// `StepOutcome` order; `failed` is never counted).
+    pub(crate) struct StepKeys([Key; 5]);
+
+    /// The step keys of `function`: leaked once per function, so counting a step
+    /// allocates nothing (a label set built per step did, recorder or not).
+    fn intern_steps(function: &'static str) -> &'static StepKeys {
+        type Map = HashMap<&'static str, &'static StepKeys>;
+        static ALL: OnceLock<Mutex<Map>> = OnceLock::new();
+        let mut all = ALL
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.entry(function).or_insert_with(|| {
+            let keys = STEP_OUTCOMES.map(|outcome| {
+                let labels: &'static [Label] = Box::leak(Box::new([
+                    Label::from_static_parts("function", function),
+                    Label::from_static_parts("outcome", outcome.as_str()),
+                ]));
+                Key::from_static_parts(super::STEPS_TOTAL, labels)
+            });
+            Box::leak(Box::new(StepKeys(keys)))
+        })
+    }
+
+    /// Counts one step of `function` that ended as `outcome`.
+    #[inline]
+    pub(crate) fn step(function: &'static str, outcome: StepOutcome) {
+        type Slot = OnceLock<(&'static str, &'static StepKeys)>;
+        static SLOTS: [Slot; 64] = [const { OnceLock::new() }; 64];
+        let keys = slotted(&SLOTS, function, intern_steps);
+        metrics::with_recorder(|r| {
+            r.register_counter(&keys.0[outcome as usize], &META)
+                .increment(1)
+        });
     }
 
     #[inline]
