@@ -250,7 +250,10 @@ where
     // A step that does not finish (an `Err`, a drop) frees its name for another try.
     let mut running = Running(Some(start.id));
     let span = observe::step_span(function, name);
-    let out = attempt(start).instrument(span.clone()).await;
+    // Boxed: a step's future (its closure's, its journal write's) is large, and the
+    // body holding it inline is moved whole into each wrapper of the call, which cost
+    // more than one allocation (counted with callgrind: bench/examples/profile_replay).
+    let out = Box::pin(attempt(start)).instrument(span.clone()).await;
     let _entered = span.enter();
     match out {
         Ok((value, outcome)) => {
