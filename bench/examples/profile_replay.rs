@@ -4,11 +4,13 @@
 //! `valgrind --tool=callgrind target/release/examples/profile_replay 100000 [new|cached]`
 //!
 //! `new` uses a fresh key per call; `cached` runs the `cached` crate's `#[cached]` hit
-//! path on the same function, for comparison.
+//! path on the same function, for comparison; `steps` runs a fresh key whose body makes
+//! three durable steps of the same receipt (its cost over `new`, divided by three, is a
+//! step's).
 
 use std::hint::black_box;
 
-use idem_runtime::{Error, Idem, MemoryStore, idempotent};
+use idem_runtime::{Error, Idem, MemoryStore, idempotent, step};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +29,25 @@ async fn charge(order_id: u64) -> Result<Receipt, Error> {
     })
 }
 
+#[idempotent(key = "order:{order_id}", ttl = "1h")]
+async fn charge_in_steps(order_id: u64) -> Result<Receipt, Error> {
+    let mut last = None;
+    for (i, name) in ["charge", "reserve", "mail"].into_iter().enumerate() {
+        let order_id = order_id + i as u64;
+        last = Some(
+            step(name, |_| async move {
+                Ok::<_, Error>(Receipt {
+                    order_id,
+                    cents: order_id % 10_000,
+                    status: "paid".to_owned(),
+                })
+            })
+            .await?,
+        );
+    }
+    last.ok_or(Error::Config("no step ran".into()))
+}
+
 #[cached::proc_macro::cached]
 async fn charge_cached(order_id: u64) -> Result<Receipt, String> {
     Ok(Receipt {
@@ -42,7 +63,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(100_000);
     let mode = std::env::args().nth(2).unwrap_or_default();
-    let new_keys = mode == "new";
+    let new_keys = mode == "new" || mode == "steps";
     idem_runtime::init(Idem::builder().store(MemoryStore::new()).build()).expect("init");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -53,6 +74,8 @@ fn main() {
             let id = if new_keys { i } else { 42 };
             if mode == "cached" {
                 black_box(charge_cached(black_box(42)).await.expect("charge"));
+            } else if mode == "steps" {
+                black_box(charge_in_steps(black_box(id)).await.expect("charge"));
             } else {
                 black_box(charge(black_box(id)).await.expect("charge"));
             }
