@@ -13,18 +13,18 @@
 //!   - memory: an entry (name, serialized value, time) in an in-process map sharded and
 //!     keyed like MemoryStore's journals (by the record's digest), under a `std` mutex
 //!     (MemoryStore's journals cannot be written from outside); the body drops the
-//!     record's entries at its end, as MemoryStore's completion drops a journal (on
-//!     Redis and PostgreSQL idem's completion deletes the raw entries itself, within
-//!     the timed call);
+//!     record's entries at its end, as MemoryStore's completion drops a journal;
 //!   - Redis: `HSET <record>:steps <name> <entry>` through `RedisStore::command`: the
 //!     journal's own hash and entry bytes (kind, 15 digits of milliseconds, value), one
-//!     command and one round trip; the completion deletes the hash (idem's completion
-//!     deletes a journal only for a record that has one);
-//!   - PostgreSQL: the step `UPDATE` SqlStore made before its journal moved to a table of
-//!     its own (one row per step, migration 4): `PG_RAW_WRITE` here, without its owner,
-//!     state, lease and expiry checks: the entry, in the journal's format and stamped
-//!     by the database's clock, appended to the `steps` column of the record's own row
-//!     through the store's pool;
+//!     command and one round trip. The hash outlives the call (idem's completion
+//!     deletes a journal only for a record its steps made a stepped one, and a raw
+//!     write leaves the record plain) until the run's cleanup: so a step's call pays
+//!     for dropping its journal, within its completion script, and a raw write does not;
+//!   - PostgreSQL: SqlStore's own step statement (`PG_RAW_WRITE` in `raw.rs`) without
+//!     its owner, state, lease and expiry checks: it numbers the step on the record's
+//!     row and inserts or replaces the step's row in `idem_steps`, in the journal's
+//!     format and stamped by the database's clock, through the store's pool; the
+//!     completion deletes those rows within the timed call, as it does a journal's;
 //! - **resume**: a body whose first 2 of 3 steps are already journaled. Before each
 //!   measured call, unmeasured, a first attempt at the same key runs two steps and
 //!   returns `Err`, which releases the key and keeps the journal; the measured attempt

@@ -103,9 +103,10 @@ impl Raw {
     }
 
     /// At the end of a raw body, timed: the in-process entries of `key` are dropped, as
-    /// MemoryStore's completion drops a journal. On Redis and PostgreSQL idem's completion
-    /// already deletes the raw entries (the journal's hash, the rows up to the counter)
-    /// within the timed call, so there is nothing left to do.
+    /// MemoryStore's completion drops a journal. On PostgreSQL idem's completion already
+    /// deletes the raw rows (those up to the record's step counter) within the timed
+    /// call. On Redis nothing is dropped here: a `DEL` would be a round trip a journal
+    /// does not cost, and the run's cleanup removes the hashes.
     pub(super) fn done(&self, key: &Key) {
         if let Raw::Memory(map) = self {
             map.remove(key);
