@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{DigestHasher, MemoryStore, Shard, State, ready};
+use super::{DigestHasher, MemoryStore, Shard, State, answered, ready};
 use crate::store::{BoxFuture, ClaimOutcome, Journal, JournalEntry, JournalStore, Owner};
 use crate::{Error, Fingerprint, Key};
 
@@ -156,7 +156,7 @@ impl JournalStore for MemoryStore {
         value: Option<Bytes>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.write_step_now(key, owner, name, value, ttl))
+        answered(self.write_step_now(key, owner, name, value, ttl))
     }
 
     fn read_journal<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Journal, Error>> {

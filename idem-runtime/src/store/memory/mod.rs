@@ -7,9 +7,12 @@ mod toolbox;
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -441,6 +444,25 @@ fn ready<T: Send + 'static>(v: T) -> BoxFuture<'static, Result<T, Error>> {
     Box::pin(std::future::ready(Ok(v)))
 }
 
+/// A yes-or-no answer known at once, boxed without an allocation: each answer is a
+/// zero-sized future of its own, and a `Box` of a zero-sized value allocates nothing.
+/// Every completion, release, renewal and step write of this store answers so, and an
+/// allocation and its free were about a tenth of a step's cost here.
+fn answered(yes: bool) -> BoxFuture<'static, Result<bool, Error>> {
+    struct Answer<const YES: bool>;
+    impl<const YES: bool> Future for Answer<YES> {
+        type Output = Result<bool, Error>;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(Ok(YES))
+        }
+    }
+    if yes {
+        Box::pin(Answer::<true>)
+    } else {
+        Box::pin(Answer::<false>)
+    }
+}
+
 impl LocalStore for MemoryStore {
     fn claim_now(
         &self,
@@ -505,11 +527,11 @@ impl Store for MemoryStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.complete_now(key, owner, value, ttl))
+        answered(self.complete_now(key, owner, value, ttl))
     }
 
     fn release<'a>(&'a self, key: &'a Key, owner: Owner) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.release_now(key, owner))
+        answered(self.release_now(key, owner))
     }
 
     fn renew<'a>(
@@ -518,11 +540,11 @@ impl Store for MemoryStore {
         owner: Owner,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.renew_now(key, owner, lease))
+        answered(self.renew_now(key, owner, lease))
     }
 
     fn issue<'a>(&'a self, key: &'a Key, ttl: Duration) -> BoxFuture<'a, Result<bool, Error>> {
-        ready(self.issue_now(key, ttl))
+        answered(self.issue_now(key, ttl))
     }
 
     fn subscribe<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Subscription, Error>> {
