@@ -6,11 +6,16 @@
 //! `new` uses a fresh key per call; `cached` runs the `cached` crate's `#[cached]` hit
 //! path on the same function, for comparison; `steps` runs a fresh key whose body makes
 //! three durable steps of the same receipt (its cost over `new`, divided by three, is a
-//! step's).
+//! step's), and `raw` a fresh key whose body makes three owner-less writes of the same
+//! receipt through the store's connections (Redis only: a `SET … PX` each).
+//!
+//! With `IDEM_PROFILE_REDIS=redis://…` the calls go to that Redis instead of a
+//! MemoryStore (the client's instructions only: the server is another process).
 
 use std::hint::black_box;
 
-use idem_runtime::{Error, Idem, MemoryStore, idempotent, step};
+use idem_runtime::store::redis::redis;
+use idem_runtime::{Error, Idem, MemoryStore, RedisStore, idempotent, step};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,18 +62,57 @@ async fn charge_cached(order_id: u64) -> Result<Receipt, String> {
     })
 }
 
+/// The Redis store, when profiling on one.
+static REDIS: std::sync::OnceLock<RedisStore> = std::sync::OnceLock::new();
+
+#[idempotent(key = "order:{order_id}", ttl = "1h")]
+async fn charge_raw(order_id: u64) -> Result<Receipt, Error> {
+    let store = REDIS
+        .get()
+        .ok_or(Error::Config("raw needs IDEM_PROFILE_REDIS".into()))?;
+    let mut last = None;
+    for (i, name) in ["charge", "reserve", "mail"].into_iter().enumerate() {
+        let order_id = order_id + i as u64;
+        let r = Receipt {
+            order_id,
+            cents: order_id % 10_000,
+            status: "paid".to_owned(),
+        };
+        let json = serde_json::to_vec(&r).map_err(|e| Error::Config(e.to_string()))?;
+        // One command and one round trip, as a step's write; expiring, so nothing stays.
+        let mut set = redis::cmd("SET");
+        set.arg(format!("profile:raw:{order_id}:{name}"))
+            .arg(json)
+            .arg("PX")
+            .arg(60_000);
+        store.command::<redis::Value>(&set).await?;
+        last = Some(r);
+    }
+    last.ok_or(Error::Config("no write".into()))
+}
+
 fn main() {
     let n: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(100_000);
     let mode = std::env::args().nth(2).unwrap_or_default();
-    let new_keys = mode == "new" || mode == "steps";
-    idem_runtime::init(Idem::builder().store(MemoryStore::new()).build()).expect("init");
+    let new_keys = matches!(mode.as_str(), "new" | "steps" | "raw");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    let builder = match std::env::var("IDEM_PROFILE_REDIS") {
+        Ok(url) => {
+            let store = RedisStore::connect(&url).expect("redis");
+            REDIS.get_or_init(|| store.clone());
+            // A namespace of its own per run, so every run's keys are new.
+            let ns = format!("profile-{}", std::process::id());
+            Idem::builder().store(store).namespace(ns)
+        }
+        Err(_) => Idem::builder().store(MemoryStore::new()),
+    };
+    idem_runtime::init(builder.build()).expect("init");
     rt.block_on(async {
         for i in 0..n {
             let id = if new_keys { i } else { 42 };
@@ -76,6 +120,8 @@ fn main() {
                 black_box(charge_cached(black_box(42)).await.expect("charge"));
             } else if mode == "steps" {
                 black_box(charge_in_steps(black_box(id)).await.expect("charge"));
+            } else if mode == "raw" {
+                black_box(charge_raw(black_box(id)).await.expect("charge"));
             } else {
                 black_box(charge(black_box(id)).await.expect("charge"));
             }
