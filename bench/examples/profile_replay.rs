@@ -1,7 +1,7 @@
 //! A fixed workload for instruction-count profiling (deterministic, unlike wall time on a
 //! shared machine):
 //!
-//! `valgrind --tool=callgrind target/release/examples/profile_replay 100000 [new|cached]`
+//! `valgrind --tool=callgrind target/release/examples/profile_replay 100000 [new|cached|steps|raw]`
 //!
 //! `new` uses a fresh key per call; `cached` runs the `cached` crate's `#[cached]` hit
 //! path on the same function, for comparison; `steps` runs a fresh key whose body makes

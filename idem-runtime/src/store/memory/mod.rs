@@ -446,8 +446,8 @@ fn ready<T: Send + 'static>(v: T) -> BoxFuture<'static, Result<T, Error>> {
 
 /// A yes-or-no answer known at once, boxed without an allocation: each answer is a
 /// zero-sized future of its own, and a `Box` of a zero-sized value allocates nothing.
-/// Every completion, release, renewal and step write of this store answers so, and an
-/// allocation and its free were about a tenth of a step's cost here.
+/// Every completion, release, renewal, issue and step write of this store answers so;
+/// the allocation and free of a boxed `Ready` cost about 170 instructions per answer.
 fn answered(yes: bool) -> BoxFuture<'static, Result<bool, Error>> {
     struct Answer<const YES: bool>;
     impl<const YES: bool> Future for Answer<YES> {
