@@ -39,7 +39,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use super::ledger::{Call, Contents, Event, Run};
+use super::ledger::{CUT_SHORT, Call, Contents, Event, Run};
 
 /// One breach of the failure model, with what it involves.
 #[derive(Debug, Clone)]
@@ -93,15 +93,19 @@ impl Violation {
             .iter()
             .filter(|x| x.key == self.key && x.end >= from && x.start <= to)
         {
+            let took = if x.end == CUT_SHORT {
+                "its process killed before it ended".to_owned()
+            } else {
+                format!("{} ms", (x.end - x.start) / 1000)
+            };
             lines.push((
                 x.start,
                 format!(
-                    "  {} {:<11} call  pay-{} -> {} ({} ms)",
+                    "  {} {:<11} call  pay-{} -> {} ({took})",
                     t(x.start),
                     who(x.incarnation),
                     x.key,
                     x.outcome,
-                    (x.end - x.start) / 1000
                 ),
             ));
         }
@@ -191,7 +195,7 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
     }
     let mut v = Verdict {
         effects: c.runs.len(),
-        calls: c.calls.len(),
+        calls: c.calls.iter().filter(|x| x.end != CUT_SHORT).count(),
         unanswered_completions: c
             .calls
             .iter()
@@ -316,7 +320,7 @@ fn check_cuts(c: &Contents, v: &mut Verdict) {
             .iter()
             .filter(|x| x.incarnation == e.incarnation && x.end >= e.at && x.start <= until)
             .collect();
-        for x in &calls {
+        for x in calls.iter().filter(|x| x.end != CUT_SHORT) {
             v.longest_cut_call_us = v.longest_cut_call_us.max(x.end - x.start);
             if x.start >= e.at && x.end <= until {
                 v.cut_calls += 1;
@@ -444,7 +448,10 @@ fn cut_holder(events: &[Event], calls: &[Call], r: &Run) -> bool {
 /// Whether `r`'s worker was cut from the store between the moment `r` counts as in
 /// flight and `until`. In flight means from the start of its call, when the history has
 /// it: a claim sent before the cut can be answered only after the heal, well past its
-/// lease, and its body then runs. Without the call, within a lease before the effect.
+/// lease, and its body then runs. A call its worker's kill cut short counts from its
+/// start too (its request may be held up on the cut link until after the heal, so its
+/// effect can land more than a lease after the cut began). Without a call (a
+/// recoverer's run), within a lease before the effect.
 fn cut_in_flight(events: &[Event], calls: &[Call], r: &Run, until: i64) -> bool {
     let lease_before = r.at - LEASE_US;
     let from = calls

@@ -45,14 +45,22 @@ pub(crate) struct Call {
     pub(crate) key: i64,
     /// Microseconds since the epoch.
     pub(crate) start: i64,
+    /// [`CUT_SHORT`] for a call whose process was killed before it ended.
     pub(crate) end: i64,
     /// `ran`, `ran-unacked`, `ran-lost` (its completion refused: the lease was lost),
-    /// `replayed`, `store-error`, `busy` or `unexpected`.
+    /// `replayed`, `store-error`, `busy`, `unexpected`, or `cut-short` (its process
+    /// was killed in the middle of it: only its start is known).
     pub(crate) outcome: String,
 }
 
-/// A process's history file: one line per call, written as the call ends (unbuffered,
-/// so a SIGKILL loses only the call in flight).
+/// The end of a call its process's kill cut short: it may have run until then, and
+/// its effect may land even later (a request held up on a cut link).
+pub(crate) const CUT_SHORT: i64 = i64::MAX;
+
+/// A process's history file: a line as each call starts and another as it ends
+/// (unbuffered, so a SIGKILL loses neither). A call whose end is missing was cut short
+/// by a kill; as Jepsen keeps an indeterminate operation's invocation, its start still
+/// tells the checker how long it was in flight.
 pub(crate) struct History {
     file: Mutex<std::fs::File>,
 }
@@ -71,15 +79,25 @@ impl History {
         })
     }
 
+    /// A call starting: its end is written by [`call`](Self::call).
+    pub(crate) fn started(&self, inc: i32, key: u64, start: i64) {
+        self.write(format!("{inc}\t{key}\t{start}\t-\tstarted\n"));
+    }
+
     pub(crate) fn call(&self, inc: i32, key: u64, start: i64, end: i64, outcome: &str) {
-        let line = format!("{inc}\t{key}\t{start}\t{end}\t{outcome}\n");
+        self.write(format!("{inc}\t{key}\t{start}\t{end}\t{outcome}\n"));
+    }
+
+    fn write(&self, line: String) {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let _ = f.write_all(line.as_bytes());
     }
 
-    /// Every call in the files of `dir`, in order of their start.
+    /// Every call in the files of `dir`, in order of their start: those that ended, and
+    /// those a kill cut short (ended at [`CUT_SHORT`]).
     pub(crate) fn read(dir: &Path) -> Result<Vec<Call>, String> {
         let mut calls = Vec::new();
+        let mut started: std::collections::BTreeSet<(i32, i64, i64)> = Default::default();
         let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for entry in entries.flatten() {
             let path: PathBuf = entry.path();
@@ -89,11 +107,19 @@ impl History {
                 let [inc, key, start, end, outcome] = f.as_slice() else {
                     continue; // a line cut short by a kill
                 };
+                if (*end, *outcome) == ("-", "started") {
+                    if let (Ok(inc), Ok(key), Ok(start)) = (inc.parse(), key.parse(), start.parse())
+                    {
+                        started.insert((inc, key, start));
+                    }
+                    continue;
+                }
                 let (Ok(incarnation), Ok(key), Ok(start), Ok(end)) =
                     (inc.parse(), key.parse(), start.parse(), end.parse())
                 else {
                     continue;
                 };
+                started.remove(&(incarnation, key, start));
                 calls.push(Call {
                     incarnation,
                     key,
@@ -103,6 +129,14 @@ impl History {
                 });
             }
         }
+        // Started and never ended: cut short by a kill.
+        calls.extend(started.into_iter().map(|(incarnation, key, start)| Call {
+            incarnation,
+            key,
+            start,
+            end: CUT_SHORT,
+            outcome: "cut-short".to_owned(),
+        }));
         calls.sort_by_key(|c| c.start);
         Ok(calls)
     }

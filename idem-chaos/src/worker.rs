@@ -336,6 +336,7 @@ pub(crate) async fn pay(
     rng: &mut Rng,
 ) -> Outcome {
     let start = now_us();
+    history.started(inc, key, start);
     let outcome = pay_once(idem, watched, ledger, inc, key, rng).await;
     history.call(inc, key, start, now_us(), outcome.name());
     outcome
