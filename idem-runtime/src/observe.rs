@@ -420,11 +420,7 @@ pub(crate) mod metrics_impl {
         type Map = HashMap<(&'static str, &'static str), &'static CallKeys>;
         static ALL: OnceLock<Mutex<Map>> = OnceLock::new();
         let strategy = strategy_name(strategy);
-        let mut all = ALL
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        all.entry((function, strategy)).or_insert_with(|| {
+        leaked(&ALL, (function, strategy), || {
             let keys = OUTCOMES.map(|outcome| {
                 let labels: &'static [Label] = Box::leak(Box::new([
                     Label::from_static_parts("function", function),
@@ -433,8 +429,23 @@ pub(crate) mod metrics_impl {
                 ]));
                 Key::from_static_parts(CALLS_TOTAL, labels)
             });
-            Box::leak(Box::new(CallKeys(keys)))
+            CallKeys(keys)
         })
+    }
+
+    /// The value `make` builds for `key`, built and leaked once per distinct key in
+    /// `all`, so a label set lives as long as the process and is never built again.
+    fn leaked<K: Eq + std::hash::Hash, T: 'static>(
+        all: &'static OnceLock<Mutex<HashMap<K, &'static T>>>,
+        key: K,
+        make: impl FnOnce() -> T,
+    ) -> &'static T {
+        let mut all = all
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.entry(key)
+            .or_insert_with(|| Box::leak(Box::new(make())))
     }
 
     /// The keys of a function, cached in its (usually `static`) options.
@@ -480,11 +491,7 @@ pub(crate) mod metrics_impl {
     fn intern_steps(function: &'static str) -> &'static StepKeys {
         type Map = HashMap<&'static str, &'static StepKeys>;
         static ALL: OnceLock<Mutex<Map>> = OnceLock::new();
-        let mut all = ALL
-            .get_or_init(Mutex::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        all.entry(function).or_insert_with(|| {
+        leaked(&ALL, function, || {
             let keys = STEP_OUTCOMES.map(|outcome| {
                 let labels: &'static [Label] = Box::leak(Box::new([
                     Label::from_static_parts("function", function),
@@ -492,7 +499,7 @@ pub(crate) mod metrics_impl {
                 ]));
                 Key::from_static_parts(super::STEPS_TOTAL, labels)
             });
-            Box::leak(Box::new(StepKeys(keys)))
+            StepKeys(keys)
         })
     }
 
