@@ -39,7 +39,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use super::ledger::{CUT_SHORT, Call, Contents, Event, Run};
+use super::ledger::{Call, Contents, Event, Run};
 
 /// One breach of the failure model, with what it involves.
 #[derive(Debug, Clone)]
@@ -93,7 +93,7 @@ impl Violation {
             .iter()
             .filter(|x| x.key == self.key && x.end >= from && x.start <= to)
         {
-            let took = if x.end == CUT_SHORT {
+            let took = if x.cut_short() {
                 "its process killed before it ended".to_owned()
             } else {
                 format!("{} ms", (x.end - x.start) / 1000)
@@ -195,7 +195,7 @@ pub(crate) fn check(c: &Contents, lossy_failover: bool) -> Verdict {
     }
     let mut v = Verdict {
         effects: c.runs.len(),
-        calls: c.calls.iter().filter(|x| x.end != CUT_SHORT).count(),
+        calls: c.calls.iter().filter(|x| !x.cut_short()).count(),
         unanswered_completions: c
             .calls
             .iter()
@@ -320,7 +320,7 @@ fn check_cuts(c: &Contents, v: &mut Verdict) {
             .iter()
             .filter(|x| x.incarnation == e.incarnation && x.end >= e.at && x.start <= until)
             .collect();
-        for x in calls.iter().filter(|x| x.end != CUT_SHORT) {
+        for x in calls.iter().filter(|x| !x.cut_short()) {
             v.longest_cut_call_us = v.longest_cut_call_us.max(x.end - x.start);
             if x.start >= e.at && x.end <= until {
                 v.cut_calls += 1;

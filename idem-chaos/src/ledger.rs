@@ -53,6 +53,13 @@ pub(crate) struct Call {
     pub(crate) outcome: String,
 }
 
+impl Call {
+    /// Whether its process's kill cut it short (its end is [`CUT_SHORT`]).
+    pub(crate) fn cut_short(&self) -> bool {
+        self.end == CUT_SHORT
+    }
+}
+
 /// The end of a call its process's kill cut short: it may have run until then, and
 /// its effect may land even later (a request held up on a cut link).
 pub(crate) const CUT_SHORT: i64 = i64::MAX;
@@ -107,16 +114,16 @@ impl History {
                 let [inc, key, start, end, outcome] = f.as_slice() else {
                     continue; // a line cut short by a kill
                 };
+                let (Ok(incarnation), Ok(key), Ok(start)) =
+                    (inc.parse(), key.parse(), start.parse())
+                else {
+                    continue;
+                };
                 if (*end, *outcome) == ("-", "started") {
-                    if let (Ok(inc), Ok(key), Ok(start)) = (inc.parse(), key.parse(), start.parse())
-                    {
-                        started.insert((inc, key, start));
-                    }
+                    started.insert((incarnation, key, start));
                     continue;
                 }
-                let (Ok(incarnation), Ok(key), Ok(start), Ok(end)) =
-                    (inc.parse(), key.parse(), start.parse(), end.parse())
-                else {
+                let Ok(end) = end.parse() else {
                     continue;
                 };
                 started.remove(&(incarnation, key, start));

@@ -1,6 +1,7 @@
 //! The checker's rules on small histories, several taken from CI runs.
 
 use super::*;
+use crate::ledger::CUT_SHORT;
 
 /// An effect of its own claim. (The pause rules' tests build theirs with it too.)
 pub(crate) fn run(key: i64, incarnation: i32, at: i64) -> Run {
