@@ -25,41 +25,36 @@ struct Receipt {
     status: String,
 }
 
-#[idempotent(key = "order:{order_id}", ttl = "1h")]
-async fn charge(order_id: u64) -> Result<Receipt, Error> {
-    Ok(Receipt {
+/// The names of the three writes of `steps` and of `raw`.
+const NAMES: [&str; 3] = ["charge", "reserve", "mail"];
+
+/// The receipt every mode returns for `order_id`.
+fn receipt(order_id: u64) -> Receipt {
+    Receipt {
         order_id,
         cents: order_id % 10_000,
         status: "paid".to_owned(),
-    })
+    }
+}
+
+#[idempotent(key = "order:{order_id}", ttl = "1h")]
+async fn charge(order_id: u64) -> Result<Receipt, Error> {
+    Ok(receipt(order_id))
 }
 
 #[idempotent(key = "order:{order_id}", ttl = "1h")]
 async fn charge_in_steps(order_id: u64) -> Result<Receipt, Error> {
     let mut last = None;
-    for (i, name) in ["charge", "reserve", "mail"].into_iter().enumerate() {
+    for (i, name) in NAMES.into_iter().enumerate() {
         let order_id = order_id + i as u64;
-        last = Some(
-            step(name, |_| async move {
-                Ok::<_, Error>(Receipt {
-                    order_id,
-                    cents: order_id % 10_000,
-                    status: "paid".to_owned(),
-                })
-            })
-            .await?,
-        );
+        last = Some(step(name, |_| async move { Ok::<_, Error>(receipt(order_id)) }).await?);
     }
     last.ok_or(Error::Config("no step ran".into()))
 }
 
 #[cached::proc_macro::cached]
 async fn charge_cached(order_id: u64) -> Result<Receipt, String> {
-    Ok(Receipt {
-        order_id,
-        cents: order_id % 10_000,
-        status: "paid".to_owned(),
-    })
+    Ok(receipt(order_id))
 }
 
 /// The Redis store, when profiling on one.
@@ -71,13 +66,9 @@ async fn charge_raw(order_id: u64) -> Result<Receipt, Error> {
         .get()
         .ok_or(Error::Config("raw needs IDEM_PROFILE_REDIS".into()))?;
     let mut last = None;
-    for (i, name) in ["charge", "reserve", "mail"].into_iter().enumerate() {
+    for (i, name) in NAMES.into_iter().enumerate() {
         let order_id = order_id + i as u64;
-        let r = Receipt {
-            order_id,
-            cents: order_id % 10_000,
-            status: "paid".to_owned(),
-        };
+        let r = receipt(order_id);
         let json = serde_json::to_vec(&r).map_err(|e| Error::Config(e.to_string()))?;
         // One command and one round trip, as a step's write; expiring, so nothing stays.
         let mut set = redis::cmd("SET");
