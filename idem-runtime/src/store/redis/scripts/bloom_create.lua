@@ -22,7 +22,7 @@ local ttl = tonumber(ARGV[1])
 local deadline = 0
 if ttl > 0 then
   local tm = redis.call('TIME')
-  deadline = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) + ttl
+  deadline = tm[1] * 1000 + math.floor(tm[2] / 1000) + ttl
 end
 for i = 2, #KEYS do
   -- Leftovers of an earlier generation of this filter are not part of the new one.

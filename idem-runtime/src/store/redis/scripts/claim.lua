@@ -63,9 +63,9 @@ if not v then
   if ARGV[4] then
     -- A recoverable claim of a free key (its record would have a journal otherwise).
     local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local now = t[1] * 1000 + math.floor(t[2] / 1000)
     local ld = now + tonumber(lease)
-    redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015.0f', ld),
+    redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015d', ld),
       'PXAT', string.format('%.0f', math.max(ld, now + tonumber(ARGV[5]))))
     redis.call('DEL', KEYS[2])
     if #claim == 35 then
@@ -86,7 +86,7 @@ end
 
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
 -- Marks the record as waited on (keeping its expiry), so whoever ends it publishes.
@@ -125,7 +125,7 @@ local function take_token(w, te, now)
     return {5, theirs}
   end
   local ld = now + tonumber(lease)
-  redis.call('SET', rec, claim .. string.format('%015.0f%015.0f', ld, te),
+  redis.call('SET', rec, claim .. string.format('%015d%015d', ld, te),
     'PXAT', string.format('%.0f', math.max(ld, te)))
   if w == 119 then
     redis.call('PUBLISH', ARGV[3], rec)
@@ -155,7 +155,7 @@ local function take_stepped(w, now)
     end
     redis.call('ZADD', KEYS[3], ld, rec)
   end
-  redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015.0f', ld),
+  redis.call('SET', rec, 'p-s' .. string.sub(claim, 4) .. string.format('%015d', ld),
     'PXAT', string.format('%.0f', math.max(ld, now + left)))
   if w == 119 then
     redis.call('PUBLISH', ARGV[3], rec)

@@ -18,7 +18,7 @@ for _, name in ipairs(r[2]) do
       -- journal: no record to count. Its last 15 bytes are the lease deadline.
       if not now then
         local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
       end
       local ld = tonumber(redis.call('GETRANGE', name, -15, -1))
       live = not ld or ld > now

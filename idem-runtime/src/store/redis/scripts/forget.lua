@@ -22,7 +22,7 @@ end
 if string.byte(v, 1) == 112 and string.byte(v, 3) == 115 then
   local ld = tonumber(string.sub(v, -15))
   local t = redis.call('TIME')
-  if ld and ld <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  if ld and ld <= t[1] * 1000 + math.floor(t[2] / 1000) then
     return 0
   end
 end

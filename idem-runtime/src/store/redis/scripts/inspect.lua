@@ -11,7 +11,7 @@ if not v then
   return {1}
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local fence = redis.pcall('GET', KEYS[2])
 if type(fence) ~= 'string' then
   fence = ''

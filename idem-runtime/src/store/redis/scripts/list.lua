@@ -5,7 +5,7 @@
 -- KEYS[1] the namespace's recovery index; ARGV[1] how many at most; ARGV[2] the suffix
 -- of a journal's name after its record's; ARGV[3] (optional) one record's name: only it.
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local members
 if ARGV[3] then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[3])

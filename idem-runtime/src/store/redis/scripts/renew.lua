@@ -20,6 +20,6 @@ local at = n - 15
 if k == 116 then
   at = n - 30
 end
-redis.call('SETRANGE', rec, at, string.format('%015.0f', deadline))
+redis.call('SETRANGE', rec, at, string.format('%015d', deadline))
 redis.call('PEXPIREAT', rec, string.format('%.0f', deadline), 'GT')
 return 1

@@ -36,7 +36,7 @@ elseif action == 'a' then
   end
 else
   local tm = redis.call('TIME')
-  local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+  local now = tm[1] * 1000 + math.floor(tm[2] / 1000)
   redis.call('HSET', rec, 'l', string.format('%.0f', now + ms))
   local pttl = redis.call('PTTL', rec)
   if not s or (pttl >= 0 and pttl < ms) then

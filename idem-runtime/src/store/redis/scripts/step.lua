@@ -24,14 +24,14 @@ if k == 100 then
     return {0, 'dedup claim without an expiry'}
   end
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
   ld = now + left
   -- A plain dedup claim has no journal of its own: whatever is there was left by an
   -- older idem that did not keep the record, and was never read by this claim.
   redis.call('DEL', KEYS[2])
   -- Its expiry stays the lease's until the end of the script moves it past the journal's.
   redis.call('SET', rec, 'p' .. string.char(w) .. 's' .. string.sub(v, 4)
-    .. string.format('%015.0f', ld), 'KEEPTTL')
+    .. string.format('%015d', ld), 'KEEPTTL')
 elseif not ld then
   return {0, 'steps are journaled for dedup and token claims only'}
 elseif ld <= now then
@@ -43,13 +43,13 @@ if k ~= 100 then
   left = redis.call('PTTL', KEYS[2])
 end
 -- The entry: its kind, when (15 decimal digits, ms by the Redis clock), the value.
-local entry = ARGV[3] .. string.format('%015.0f', now) .. ARGV[4]
+local entry = ARGV[3] .. string.format('%015d', now) .. ARGV[4]
 if fp then
   redis.call('HSET', KEYS[2], ARGV[2], entry, '\255', fp)
 else
   redis.call('HSET', KEYS[2], ARGV[2], entry)
 end
-local ttl = tonumber(ARGV[5])
+local ttl = ARGV[5] + 0
 if left < ttl then
   local life = ld - now + ttl
   redis.call('PEXPIRE', KEYS[2], life)

@@ -15,7 +15,7 @@ if type(v) ~= 'string' or string.byte(v, 1) ~= 112 or string.byte(v, 3) ~= 115 t
 end
 local ld = tonumber(string.sub(v, #v - 14))
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 if not ld then
   redis.call('ZREM', index, rec)
   return nil

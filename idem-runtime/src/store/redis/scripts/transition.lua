@@ -22,7 +22,7 @@ if type(r) == 'table' and r['err'] then
 end
 local s, p, l = r[1], r[2], r[4]
 local tm = redis.call('TIME')
-local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local now = tm[1] * 1000 + math.floor(tm[2] / 1000)
 local function int(x) return string.format('%.0f', x) end
 
 if s == to then
