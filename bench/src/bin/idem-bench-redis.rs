@@ -5,8 +5,10 @@
 //! `two` (raw `SET NX PX` + `DEL`), `three` (raw `SET NX PX`, `SET XX GET`, `SET XX PX`:
 //! the floor for a token's three steps), `new` (dedup new key), `replay`, `lock`, `token`; and,
 //! only when named, `new-wait1` (the new-key case with `wait_for_replicas(1, 1s)`; the URL
-//! must be a primary with a replica) and `two-keep` (raw `SET NX PX` + `SET XX PX`: the key is kept 30 s, as a
-//! dedup record is, which shows what keeping records costs the server apart from scripts).
+//! must be a primary with a replica), `two-keep` (raw `SET NX PX` + `SET XX PX`: the key is kept 30 s, as a
+//! dedup record is, which shows what keeping records costs the server apart from scripts),
+//! and `steps` and `raw-writes` (a new key whose body makes three durable steps, or three
+//! owner-less `SET … PX`: a step's cost split between this process and the server).
 //! Each line gives ops/s and the CPU time per operation of this process and of the
 //! server (when it runs on this machine). The same cases run from `idem-bench --cases redis`.
 

@@ -3,8 +3,8 @@
 //! and wake-up latency.
 //!
 //! Modules, each importing only those listed before it: [`ctx`] (store, `Idem`, run
-//! namespace), [`op`] (one operation as a task spawner), [`baseline`] and [`idem_ops`]
-//! (the operations), [`turns`] (the loop that runs cases in turns), [`connections`] and
+//! namespace), [`op`] (one operation as a task spawner), [`baseline`], [`idem_ops`] and
+//! [`stepped`] (the operations), [`turns`] (the loop that runs cases in turns), [`connections`] and
 //! [`wake`] (cases of their own). This file lists the compared cases and reports them.
 
 pub mod baseline;
@@ -13,6 +13,7 @@ pub mod ctx;
 pub mod idem_ops;
 pub mod op;
 pub mod replicas;
+pub mod stepped;
 pub mod turns;
 pub mod wake;
 
@@ -57,7 +58,7 @@ pub const COMPARED: [Named; 7] = [
 ];
 
 /// Diagnostic cases outside the report's table (`idem-bench-redis --case NAME` only).
-pub const DIAGNOSTIC: [Named; 2] = [
+pub const DIAGNOSTIC: [Named; 4] = [
     (
         "new-wait1",
         "idem",
@@ -69,6 +70,13 @@ pub const DIAGNOSTIC: [Named; 2] = [
         "baseline",
         baseline::TWO_RT_KEEP,
         baseline::set_nx_px_set_xx,
+    ),
+    ("steps", "idem", stepped::DEDUP_STEPS, stepped::dedup_steps),
+    (
+        "raw-writes",
+        "idem",
+        stepped::DEDUP_RAW_WRITES,
+        stepped::dedup_raw_writes,
     ),
 ];
 
