@@ -16,6 +16,10 @@ pub(crate) struct Receipt {
     pub(crate) status: String,
 }
 
+/// The three steps' names, as a checkout would call them: every family's workflow of
+/// three durable steps (and the raw writes priced against them) uses these.
+pub(crate) const STEP_NAMES: [&str; 3] = ["charge", "reserve", "mail"];
+
 pub(crate) fn receipt(order_id: u64) -> Receipt {
     Receipt {
         order_id,

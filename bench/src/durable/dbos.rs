@@ -16,8 +16,8 @@ use dbos::sysdb::{BackendError, BackendErrorKind};
 use dbos::{Config, DBOS, RunOptions, WorkflowRef};
 use futures_util::future::BoxFuture;
 
-use super::flow::{Flow, NAMES, PeerError, Shared, check, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use super::flow::{Flow, PeerError, Shared, check, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 pub(crate) struct DbosFlow {
     dbos: Arc<DBOS>,
@@ -51,7 +51,7 @@ impl DbosFlow {
                 async move {
                     let wf = sh.wf(n);
                     let mut last = expected(n);
-                    for (i, name) in NAMES.iter().enumerate() {
+                    for (i, name) in STEP_NAMES.iter().enumerate() {
                         last = dbos::step(name, || {
                             let (sh, wf) = (sh.clone(), wf.clone());
                             async move {

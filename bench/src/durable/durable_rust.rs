@@ -19,8 +19,8 @@ use futures_util::future::BoxFuture;
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
-use super::flow::{Flow, NAMES, Shared, check, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use super::flow::{Flow, Shared, check, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 pub(crate) struct DurableRustFlow {
     db: DatabaseConnection,
@@ -47,7 +47,7 @@ impl DurableRustFlow {
 async fn checkout(ctx: &Ctx, n: u64, sh: &Shared) -> Result<Receipt, DurableError> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         last = ctx
             .step(name, || async {
                 sh.effects

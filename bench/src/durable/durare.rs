@@ -21,8 +21,8 @@ use std::time::Duration;
 use durare::{DurableContext, DurableEngine, PostgresProvider, WorkflowOptions, params};
 use futures_util::future::BoxFuture;
 
-use super::flow::{Flow, NAMES, Shared, check, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use super::flow::{Flow, Shared, check, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 /// Which body a flow's workflows run.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +93,7 @@ pub(crate) async fn start(
 async fn checkout(ctx: DurableContext, n: u64, sh: Shared) -> durare::Result<Receipt> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         last = ctx
             .step(name, || async {
                 sh.effects
@@ -113,7 +113,7 @@ async fn checkout(ctx: DurableContext, n: u64, sh: Shared) -> durare::Result<Rec
 async fn checkout_tx(ctx: DurableContext, n: u64, sh: Shared) -> durare::Result<Receipt> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         let (lib, wf) = (sh.lib.to_string(), wf.clone());
         last = ctx
             .transaction(name, move |tx| {

@@ -10,9 +10,6 @@ use tokio::sync::oneshot;
 
 use crate::work::{BenchError, Receipt, receipt};
 
-/// The three steps' names, as a checkout would call them.
-pub(crate) const NAMES: [&str; 3] = ["charge", "reserve", "mail"];
-
 /// One library's workflow, driven by workflow number `n` (its id is derived from `n`, so a
 /// second call with the same `n` is a duplicate).
 pub(crate) trait Flow: Send + Sync + 'static {

@@ -10,8 +10,8 @@ use futures_util::future::BoxFuture;
 use idem_runtime::store::sql::sqlx;
 use idem_runtime::{Idem, idempotent, step, step_tx};
 
-use super::flow::{Flow, INSERT, NAMES, Shared, check, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use super::flow::{Flow, INSERT, Shared, check, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 /// Which body the flow's calls run.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +71,7 @@ impl Flow for IdemFlow {
 async fn checkout(n: u64, sh: &Shared) -> Result<Receipt, BenchError> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         last = step(name, |_| async {
             sh.effects.insert(&sh.lib, &wf, i).await?;
             Ok::<_, BenchError>(step_value(n, i))
@@ -90,7 +90,7 @@ async fn checkout(n: u64, sh: &Shared) -> Result<Receipt, BenchError> {
 async fn checkout_tx(n: u64, sh: &Shared) -> Result<Receipt, BenchError> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         let (lib, wf) = (sh.lib.clone(), wf.clone());
         last = step_tx(
             name,

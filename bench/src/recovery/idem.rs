@@ -10,8 +10,8 @@ use futures_util::FutureExt as _;
 use idem_runtime::{Idem, Options, step};
 
 use super::{LIMIT, Stall, Starter, Timed, poll_until};
-use crate::durable::flow::{NAMES, Shared, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use crate::durable::flow::{Shared, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 /// The lease of a checkout. Short, so the parent does not wait long for a killed call's
 /// lease to run out (that wait is not timed); long enough that the child's heartbeats,
@@ -38,7 +38,7 @@ async fn checkout(
     idem.dedup_recoverable(&CHECKOUT, n, &n, async {
         let wf = sh.wf(n);
         let mut last = expected(n);
-        for (i, name) in NAMES.iter().enumerate() {
+        for (i, name) in STEP_NAMES.iter().enumerate() {
             last = step(name, |_| async {
                 sh.effects.insert(&sh.lib, &wf, i).await?;
                 Ok::<_, BenchError>(step_value(n, i))

@@ -22,8 +22,8 @@ use futures_util::FutureExt as _;
 
 use super::{Stall, Starter, Timed, executor, poll_until};
 use crate::durable::durare::SCHEMA;
-use crate::durable::flow::{NAMES, PeerError, Shared, expected, step_value};
-use crate::work::{BenchError, Receipt};
+use crate::durable::flow::{PeerError, Shared, expected, step_value};
+use crate::work::{BenchError, Receipt, STEP_NAMES};
 
 /// A DBOS instance of the round `rtag`'s executor (the durable family's settings, the
 /// executor id added).
@@ -47,7 +47,7 @@ fn dbos_register(
         async move {
             let wf = sh.wf(n);
             let mut last = expected(n);
-            for (i, name) in NAMES.iter().enumerate() {
+            for (i, name) in STEP_NAMES.iter().enumerate() {
                 last = dbos::step(name, || {
                     let (sh, wf) = (sh.clone(), wf.clone());
                     async move {
@@ -169,7 +169,7 @@ async fn durare_checkout(
 ) -> durare::Result<Receipt> {
     let wf = sh.wf(n);
     let mut last = expected(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         last = ctx
             .step(name, || async {
                 sh.effects

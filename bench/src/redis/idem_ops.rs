@@ -26,16 +26,21 @@ pub(crate) fn dedup_new(ctx: &Ctx) -> Op {
     op(move |t, i| {
         let idem = idem.clone();
         async move {
-            let v: u64 = idem
+            let got = idem
                 .dedup(&NEW, format!("{t}:{i}"), async move { Ok::<_, Error>(i) })
-                .await
-                .map_err(|e| e.to_string())?;
-            if v != i {
-                return Err(format!("new key replayed {v}"));
-            }
-            Ok(())
+                .await;
+            ran_new(got, i)
         }
     })
+}
+
+/// A new key's call, which must have run its body and returned `i`.
+pub(crate) fn ran_new(got: Result<u64, Error>, i: u64) -> Result<(), String> {
+    match got {
+        Ok(v) if v == i => Ok(()),
+        Ok(v) => Err(format!("new key replayed {v}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Completes the keys the replay case reads, one per task.

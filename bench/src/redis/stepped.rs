@@ -9,15 +9,14 @@ use idem_runtime::store::redis::redis;
 use idem_runtime::{Error, Options, step};
 
 use super::ctx::Ctx;
+use super::idem_ops::ran_new;
 use super::op::{Op, op};
+use crate::work::STEP_NAMES;
 
 static STEPPED: Options = Options::dedup("bench::stepped").ttl(Duration::from_secs(30));
 
 pub(crate) const DEDUP_STEPS: &str = "dedup new key, 3 steps";
 pub(crate) const DEDUP_RAW_WRITES: &str = "dedup new key, 3 raw SET PX from the body";
-
-/// The steps' and the raw writes' names.
-const NAMES: [&str; 3] = ["charge", "reserve", "mail"];
 
 pub(crate) fn dedup_steps(ctx: &Ctx) -> Op {
     let idem = ctx.idem.clone();
@@ -25,7 +24,7 @@ pub(crate) fn dedup_steps(ctx: &Ctx) -> Op {
         let idem = idem.clone();
         async move {
             let body = async move {
-                for (n, name) in NAMES.into_iter().enumerate() {
+                for (n, name) in STEP_NAMES.into_iter().enumerate() {
                     let v = i + n as u64;
                     if step(name, |_| async move { Ok::<_, Error>(v) }).await? != v {
                         return Err(Error::Config(format!("step {name} replayed")));
@@ -33,11 +32,7 @@ pub(crate) fn dedup_steps(ctx: &Ctx) -> Op {
                 }
                 Ok::<_, Error>(i)
             };
-            match idem.dedup(&STEPPED, format!("s:{t}:{i}"), body).await {
-                Ok(v) if v == i => Ok(()),
-                Ok(v) => Err(format!("new key replayed {v}")),
-                Err(e) => Err(e.to_string()),
-            }
+            ran_new(idem.dedup(&STEPPED, format!("s:{t}:{i}"), body).await, i)
         }
     })
 }
@@ -48,7 +43,7 @@ pub(crate) fn dedup_raw_writes(ctx: &Ctx) -> Op {
         let (idem, store, run) = (idem.clone(), store.clone(), run.clone());
         async move {
             let body = async move {
-                for (n, name) in NAMES.into_iter().enumerate() {
+                for (n, name) in STEP_NAMES.into_iter().enumerate() {
                     let mut set = redis::cmd("SET");
                     set.arg(format!("{run}:raw-write:{t}:{i}:{name}"))
                         .arg(i + n as u64)
@@ -58,11 +53,7 @@ pub(crate) fn dedup_raw_writes(ctx: &Ctx) -> Op {
                 }
                 Ok::<_, Error>(i)
             };
-            match idem.dedup(&STEPPED, format!("r:{t}:{i}"), body).await {
-                Ok(v) if v == i => Ok(()),
-                Ok(v) => Err(format!("new key replayed {v}")),
-                Err(e) => Err(e.to_string()),
-            }
+            ran_new(idem.dedup(&STEPPED, format!("r:{t}:{i}"), body).await, i)
         }
     })
 }

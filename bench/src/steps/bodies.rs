@@ -7,14 +7,14 @@ use idem_runtime::{Idem, Key, step};
 
 use super::measure::{Spawn, spawner};
 use super::raw::Raw;
-use super::{EMPTY, FAIL, Kind, NAMES, RAW, RESUME, STEPS};
-use crate::work::{BenchError, Receipt, receipt};
+use super::{EMPTY, FAIL, Kind, RAW, RESUME, STEPS};
+use crate::work::{BenchError, Receipt, STEP_NAMES, receipt};
 
-/// Runs the first `upto` of [`NAMES`] as steps, each returning `receipt(n + i)`, counts
+/// Runs the first `upto` of [`STEP_NAMES`] as steps, each returning `receipt(n + i)`, counts
 /// the closures that ran in `ran`, and returns the last value, checked.
 async fn steps_body(n: u64, upto: usize, ran: &AtomicU32) -> Result<Receipt, BenchError> {
     let mut last = receipt(n);
-    for (i, name) in NAMES.iter().take(upto).enumerate() {
+    for (i, name) in STEP_NAMES.iter().take(upto).enumerate() {
         let want = receipt(n + i as u64);
         let got: Receipt = step(name, |_| async {
             ran.fetch_add(1, Ordering::Relaxed);
@@ -32,7 +32,7 @@ async fn steps_body(n: u64, upto: usize, ran: &AtomicU32) -> Result<Receipt, Ben
 /// The same values as [`steps_body`], written raw.
 async fn raw_body(raw: &Raw, key: &Key, n: u64) -> Result<Receipt, BenchError> {
     let mut last = receipt(n);
-    for (i, name) in NAMES.iter().enumerate() {
+    for (i, name) in STEP_NAMES.iter().enumerate() {
         last = receipt(n + i as u64);
         raw.write(key, name, &last).await?;
     }

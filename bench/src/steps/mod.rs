@@ -73,9 +73,6 @@ static STEPS: Options = Options::dedup("bench::steps").ttl(TTL);
 static RAW: Options = Options::dedup("bench::steps_raw").ttl(TTL);
 static RESUME: Options = Options::dedup("bench::steps_resume").ttl(TTL);
 
-/// The three steps' names, as a checkout would call them.
-const NAMES: [&str; 3] = ["charge", "reserve", "mail"];
-
 /// How many turns each case takes (its measured time is split among them).
 pub const ROUNDS: u32 = 5;
 
