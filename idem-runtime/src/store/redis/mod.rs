@@ -69,10 +69,12 @@
 //! Expiry is Redis' own (`PX`, and `TIME` inside scripts for deadlines kept in a stepped
 //! or token claim), never the client's clock.
 //!
-//! The scripts turn digits into numbers by arithmetic (`t[1] * 1000`, `ld + 0`) rather
-//! than `tonumber`, and write deadlines with `%015d` rather than `%015.0f`: in Redis
-//! 7.0's Lua a `tonumber` call costs about 0.2 µs and a `%.0f` format about 1 µs more
-//! than `%d`, which made up a seventh of a step script's own time.
+//! Every script reads the Redis clock by arithmetic (`t[1] * 1000 + …`), as held.lua does
+//! the kept deadline once its digits are checked (`ld + 0`) and step.lua its ttl, rather
+//! than by `tonumber` (kept off those paths, and where its `nil` for garbage is the
+//! check); and the 15-digit deadlines and entry times are written with `%015d` rather
+//! than `%015.0f`. In Redis 7.0's Lua a `tonumber` call costs about 0.2 µs and a `%.0f`
+//! format about 1 µs more than `%d`, which made up a seventh of a step script's own time.
 //!
 //! # Connections, waiting, timeouts
 //!
